@@ -1,0 +1,29 @@
+"""skiplock: a PostgreSQL job queue that never hands one job to two workers."""
+
+from ._config import RetryPolicy
+from ._errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    Fail,
+    LeaseLost,
+    PayloadError,
+    Retry,
+    SkiplockError,
+)
+from ._job import Job
+from ._queue import Queue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "DatabaseUnavailable",
+    "Fail",
+    "Job",
+    "LeaseLost",
+    "PayloadError",
+    "Queue",
+    "Retry",
+    "RetryPolicy",
+    "SkiplockError",
+]

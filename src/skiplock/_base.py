@@ -1,0 +1,249 @@
+"""What Queue and AsyncQueue share: settings, argument checks, and the operations."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import errors as pgerrors
+
+from . import _ops
+from ._config import (
+    DEFAULT_SCHEMA,
+    RetryPolicy,
+    check_dsn,
+    redact_dsn,
+    resolve_dsn,
+    validate_queue,
+    validate_schema,
+)
+from ._embedded import embedded_dsn
+from ._errors import ConfigError, DatabaseUnavailable, LeaseLost, PayloadError
+from ._job import Job
+from ._ops import FenceResult, Op
+from ._sql import Statements, statements
+
+__all__ = ["QueueBase", "QueueSettings", "backoff", "translate_error"]
+
+MakeOp = Callable[[bool], Op[Any]]
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Everything a queue object needs besides its connections; cheap to copy."""
+
+    dsn: str
+    schema: str = DEFAULT_SCHEMA
+    application_name: str = "skiplock"
+    max_payload_bytes: int = _ops.DEFAULT_MAX_PAYLOAD_BYTES
+    retry_policy: RetryPolicy = RetryPolicy()
+    connect_timeout: float = 10.0
+    op_retries: int = 6
+
+    @classmethod
+    def build(cls, dsn: str | None, **kwargs: Any) -> QueueSettings:
+        resolved = resolve_dsn(dsn)
+        resolved = check_dsn(resolved) if resolved is not None else embedded_dsn()
+        validate_schema(kwargs.get("schema", DEFAULT_SCHEMA))
+        return cls(dsn=resolved, **kwargs)
+
+    @property
+    def display_dsn(self) -> str:
+        return redact_dsn(self.dsn)
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        return {
+            "autocommit": True,
+            "application_name": self.application_name[:63],
+            "connect_timeout": max(1, int(self.connect_timeout)),
+        }
+
+
+def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
+    """Sleep before retry ``attempt`` (1-based): short at first, full jitter."""
+    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))  # noqa: S311
+
+
+def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None:
+    """Turn a driver error into skiplock's own, or None if it should propagate as is."""
+    if isinstance(exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction):
+        return ConfigError(
+            f"skiplock schema {settings.schema!r} is missing or not migrated "
+            f"on {settings.display_dsn}; run `skiplock migrate`"
+        )
+    if isinstance(exc, pgerrors.InsufficientPrivilege):
+        return ConfigError(f"permission denied: {exc.diag.message_primary or exc}")
+    return None
+
+
+def unavailable(exc: BaseException, settings: QueueSettings, what: str) -> DatabaseUnavailable:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return DatabaseUnavailable(f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {reason}")
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """A broken or unreachable connection, as opposed to an error in the statement."""
+    if isinstance(exc, pgerrors.DeadlockDetected | pgerrors.SerializationFailure):
+        return True  # transient: the retry is a new transaction
+    if isinstance(exc, pgerrors.AdminShutdown | pgerrors.CannotConnectNow | pgerrors.CrashShutdown):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, pgerrors.QueryCanceled | pgerrors.LockNotAvailable
+    )
+
+
+class QueueBase:
+    """Argument checks and op construction; subclasses only run the ops."""
+
+    settings: QueueSettings
+    _stmts: Statements
+
+    def _init_base(self, settings: QueueSettings) -> None:
+        self.settings = settings
+        self._stmts = statements(settings.schema)
+        self._counter_lock = threading.Lock()
+        self._lease_lost = 0
+
+    @property
+    def schema(self) -> str:
+        return self.settings.schema
+
+    @property
+    def lease_lost_count(self) -> int:
+        """How many fenced writes this object saw rejected (stale lease token)."""
+        return self._lease_lost
+
+    def _count_lost(self, n: int) -> None:
+        if n:
+            with self._counter_lock:
+                self._lease_lost += n
+
+    # -- op builders: each returns f(after_disconnect) -> generator ----------------------
+
+    def _enqueue_op(
+        self,
+        payload: Any,
+        queue: str,
+        priority: int,
+        run_at: datetime | None,
+        max_attempts: int,
+        idempotency_key: str | None,
+    ) -> MakeOp:
+        validate_queue(queue)
+        _check_attempts(max_attempts)
+        text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
+        if idempotency_key is not None:
+            _check_key(idempotency_key)
+        return lambda _after: _ops.enqueue(
+            self._stmts,
+            queue=queue,
+            payload=text,
+            priority=int(priority),
+            run_at=run_at,
+            max_attempts=max_attempts,
+            key=idempotency_key,
+        )
+
+    def _enqueue_many_op(
+        self,
+        payloads: Sequence[Any],
+        queue: str,
+        priority: int,
+        run_at: datetime | None,
+        max_attempts: int,
+        idempotency_keys: Sequence[str | None] | None,
+    ) -> MakeOp:
+        validate_queue(queue)
+        _check_attempts(max_attempts)
+        limit = self.settings.max_payload_bytes
+        # Encode everything first: one bad payload rejects the batch before any I/O.
+        texts = []
+        for n, p in enumerate(payloads):
+            try:
+                texts.append(_ops.encode_payload(p, limit))
+            except PayloadError as exc:
+                raise PayloadError(f"payload #{n}: {exc}") from None
+        if idempotency_keys is not None:
+            for k in idempotency_keys:
+                if k is not None:
+                    _check_key(k)
+        keys = list(idempotency_keys) if idempotency_keys is not None else None
+        return lambda _after: _ops.enqueue_many(
+            self._stmts,
+            queue=queue,
+            payloads=texts,
+            priority=int(priority),
+            run_at=run_at,
+            max_attempts=max_attempts,
+            keys=keys,
+        )
+
+    def _claim_op(self, worker: str, queue: str, limit: int, lease: float) -> MakeOp:
+        validate_queue(queue)
+        if not isinstance(worker, str) or not worker or len(worker) > 200:
+            raise ConfigError("worker name must be a non-empty string of at most 200 characters")
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        _check_lease(lease)
+        return lambda _after: _ops.claim(
+            self._stmts, worker=worker, queue=queue, limit=int(limit), lease=float(lease)
+        )
+
+    def _fenced_op(
+        self, action: str, jobs: Sequence[Job], params: dict[str, Any] | None = None
+    ) -> MakeOp:
+        return lambda after: _ops.fenced(self._stmts, action, jobs, params, recheck=after)
+
+    def _fail_params(
+        self, items: Sequence[tuple[Job, str | None, float | None, bool]]
+    ) -> dict[str, Any]:
+        policy = self.settings.retry_policy
+        return {
+            "errors": [e for _, e, _, _ in items],
+            "delays": [policy.delay(j.attempts) if d is None else max(float(d), 0.0) for j, _, d, _ in items],
+            "retries": [bool(r) for _, _, _, r in items],
+        }
+
+    def _raise_if_lost(self, result: FenceResult, action: str) -> None:
+        self._count_lost(len(result.lost))
+        if result.lost:
+            raise LeaseLost(result.lost, action)
+
+    def _sweep_op(self, limit: int) -> MakeOp:
+        return lambda _after: _single(self._stmts.sweep, {"limit": limit})
+
+    def _get_op(self, job_id: int) -> MakeOp:
+        return lambda _after: _get(self._stmts, job_id)
+
+    def _cancel_op(self, job_id: int) -> MakeOp:
+        return lambda _after: _single(self._stmts.cancel, {"id": job_id})
+
+
+def _check_attempts(max_attempts: int) -> None:
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError("max_attempts must be a positive integer")
+
+
+def _check_lease(lease: float) -> None:
+    if not lease > 0:
+        raise ValueError("lease must be a positive number of seconds")
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not key or len(key) > 512 or "\x00" in key:
+        raise ConfigError("idempotency key must be a non-empty string of at most 512 characters, without NUL")
+
+
+def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:
+    rows = yield _ops.Execute(query, params)
+    return rows
+
+
+def _get(stmts: Statements, job_id: int) -> Op[Job | None]:
+    rows = yield _ops.Execute(stmts.get, {"id": job_id})
+    return Job.from_row(rows[0]) if rows else None

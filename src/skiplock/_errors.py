@@ -1,0 +1,60 @@
+"""Exceptions raised by skiplock; every one derives from SkiplockError."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DatabaseUnavailable",
+    "Fail",
+    "LeaseLost",
+    "PayloadError",
+    "Retry",
+    "SkiplockError",
+]
+
+
+class SkiplockError(Exception):
+    """Base class of skiplock's own errors; their message is meant for a user, one line."""
+
+
+class ConfigError(SkiplockError):
+    """A setting is malformed: a DSN, a schema or queue name, a handler path."""
+
+
+class PayloadError(SkiplockError, ValueError):
+    """A payload is not JSON, holds a NUL character, or exceeds the size limit."""
+
+
+class DatabaseUnavailable(SkiplockError):
+    """Postgres could not be reached, or the connection broke and retries ran out."""
+
+
+class LeaseLost(SkiplockError):
+    """A fenced write found no running job holding this lease token.
+
+    The lease ran out and the job was swept or claimed by another worker, or it was
+    cancelled.  The write changed nothing.  Whatever the handler did is now a duplicate
+    attempt, which is why side effects carry the job's idempotency key.
+    """
+
+    def __init__(self, job_ids: list[int], action: str) -> None:
+        self.job_ids = job_ids
+        self.action = action
+        ids = ", ".join(str(i) for i in job_ids)
+        super().__init__(f"lease lost: {action} of job {ids} changed nothing")
+
+
+class Retry(Exception):  # noqa: N818 - raised by handlers as a request, not an error
+    """Raise from a handler to ask for another attempt after ``delay`` seconds.
+
+    The attempt counts; a job with no attempts left ends ``failed``.
+    """
+
+    def __init__(self, delay: float = 0.0, reason: str | None = None) -> None:
+        self.delay = float(delay)
+        self.reason = reason
+        super().__init__(reason or f"retry requested in {delay:g}s")
+
+
+class Fail(Exception):  # noqa: N818 - raised by handlers as a request, not an error
+    """Raise from a handler to end the job as ``failed`` at once, with no retry."""

@@ -1,0 +1,66 @@
+"""The Job record handed to handlers and returned by claims."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+__all__ = ["Job", "JobStatus"]
+
+JobStatus = str  # 'pending' | 'running' | 'done' | 'failed' | 'cancelled'
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One row of ``jobs`` as seen by the claim (or by ``Queue.get``) that returned it.
+
+    ``lease_token`` is the fence: complete, fail, retry, heartbeat and release succeed
+    only while the row still carries it.  ``idempotency_key`` is stable across attempts
+    of the same job; pass it to external providers so that a repeat attempt (after a
+    lost lease or a crash) cannot repeat the side effect.
+    """
+
+    id: int
+    queue: str
+    payload: Any
+    status: JobStatus
+    priority: int
+    attempts: int
+    max_attempts: int
+    worker: str | None
+    lease_token: UUID | None
+    locked_until: datetime | None
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    last_error: str | None = None
+    key: str | None = None
+
+    @property
+    def idempotency_key(self) -> str:
+        """The enqueue-time key if one was given, else ``skiplock:<queue>:<id>``."""
+        return self.key if self.key is not None else f"skiplock:{self.queue}:{self.id}"
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        return cls(
+            id=row["id"],
+            queue=row["queue"],
+            payload=row["payload"],
+            status=row["status"],
+            priority=row["priority"],
+            attempts=row["attempts"],
+            max_attempts=row["max_attempts"],
+            worker=row["worker"],
+            lease_token=row["lease_token"],
+            locked_until=row["locked_until"],
+            run_at=row["run_at"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            last_error=row["last_error"],
+            key=row["idempotency_key"],
+        )

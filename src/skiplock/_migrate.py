@@ -1,0 +1,63 @@
+"""Create and upgrade a skiplock schema from the ordered .sql migrations."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from ._errors import ConfigError
+from ._sql import migrations
+
+__all__ = ["migrate", "schema_version"]
+
+_LOCK_KEY = "skiplock.migrate:"
+
+
+def schema_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
+    """The highest applied migration in ``schema``, 0 when it has none."""
+    table = conn.execute("SELECT to_regclass(format('%%I.migrations', %s::text))", (schema,)).fetchone()
+    if table is None or table[0] is None:
+        return 0
+    row = conn.execute(
+        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migrations").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[int]:
+    """Apply the missing migrations to ``schema`` in one transaction; return their versions.
+
+    Several processes may call this at once (every worker on start, say): the first
+    takes a transaction-scoped advisory lock and the others wait for it, then find
+    nothing left to do.  Idempotent.
+    """
+    ident = sql.Identifier(schema)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY + schema,))
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.migrations ("
+                " version integer PRIMARY KEY,"
+                " name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+        current = schema_version(conn, schema)
+        known = migrations()
+        if current > len(known):
+            raise ConfigError(
+                f"schema {schema!r} is at version {current}, newer than this skiplock "
+                f"({len(known)}); upgrade skiplock"
+            )
+        applied: list[int] = []
+        for mig in known:
+            if mig.version <= current:
+                continue
+            conn.execute(mig.render(schema))
+            conn.execute(
+                sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(ident),
+                (mig.version, mig.name),
+            )
+            applied.append(mig.version)
+    return applied
