@@ -1,5 +1,6 @@
 """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
 
+from ._aqueue import AsyncQueue
 from ._config import RetryPolicy
 from ._errors import (
     ConfigError,
@@ -12,10 +13,12 @@ from ._errors import (
 )
 from ._job import Job
 from ._queue import Queue
+from ._worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncQueue",
     "ConfigError",
     "DatabaseUnavailable",
     "Fail",
@@ -26,4 +29,6 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "Worker",
+    "WorkerStats",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -41,7 +41,7 @@ class QueueSettings:
     schema: str = DEFAULT_SCHEMA
     application_name: str = "skiplock"
     max_payload_bytes: int = _ops.DEFAULT_MAX_PAYLOAD_BYTES
-    retry_policy: RetryPolicy = RetryPolicy()
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     connect_timeout: float = 10.0
     op_retries: int = 6
 
@@ -66,12 +66,14 @@ class QueueSettings:
 
 def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
     """Sleep before retry ``attempt`` (1-based): short at first, full jitter."""
-    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))  # noqa: S311
+    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
 
 
 def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None:
     """Turn a driver error into skiplock's own, or None if it should propagate as is."""
-    if isinstance(exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction):
+    if isinstance(
+        exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction
+    ):
         return ConfigError(
             f"skiplock schema {settings.schema!r} is missing or not migrated "
             f"on {settings.display_dsn}; run `skiplock migrate`"
@@ -83,7 +85,9 @@ def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None
 
 def unavailable(exc: BaseException, settings: QueueSettings, what: str) -> DatabaseUnavailable:
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DatabaseUnavailable(f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {reason}")
+    return DatabaseUnavailable(
+        f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {reason}"
+    )
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -205,7 +209,10 @@ class QueueBase:
         policy = self.settings.retry_policy
         return {
             "errors": [e for _, e, _, _ in items],
-            "delays": [policy.delay(j.attempts) if d is None else max(float(d), 0.0) for j, _, d, _ in items],
+            "delays": [
+                policy.delay(j.attempts) if d is None else max(float(d), 0.0)
+                for j, _, d, _ in items
+            ],
             "retries": [bool(r) for _, _, _, r in items],
         }
 
@@ -236,7 +243,9 @@ def _check_lease(lease: float) -> None:
 
 def _check_key(key: str) -> None:
     if not isinstance(key, str) or not key or len(key) > 512 or "\x00" in key:
-        raise ConfigError("idempotency key must be a non-empty string of at most 512 characters, without NUL")
+        raise ConfigError(
+            "idempotency key must be a non-empty string of at most 512 characters, without NUL"
+        )
 
 
 def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:

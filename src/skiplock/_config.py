@@ -49,7 +49,9 @@ def check_dsn(dsn: str) -> str:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
         # libpq's message can quote the DSN back, password included: do not relay it.
-        raise ConfigError(f"malformed DSN {redact_dsn(dsn)!r}: not a libpq URL or key=value string") from exc
+        raise ConfigError(
+            f"malformed DSN {redact_dsn(dsn)!r}: not a libpq URL or key=value string"
+        ) from exc
     return dsn
 
 
@@ -59,15 +61,15 @@ def redact_dsn(dsn: str) -> str:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError:
         # Unparsable: mask anything that looks like a password in either form.
-        masked = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+        masked = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", dsn)
         return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", masked, flags=re.I)
     if "password" in params:
         params["password"] = "***"
-    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+    return make_conninfo("", **{k: str(v) for k, v in params.items() if v is not None})
 
 
 def validate_schema(schema: str) -> str:
-    if not isinstance(schema, str) or not _SCHEMA_RE.match(schema):
+    if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
         raise ConfigError(
             f"invalid schema name {schema!r}: use letters, digits and underscores, "
             "starting with a letter or underscore, at most 48 characters"
@@ -76,7 +78,7 @@ def validate_schema(schema: str) -> str:
 
 
 def validate_queue(queue: str) -> str:
-    if not isinstance(queue, str) or not _QUEUE_RE.match(queue):
+    if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
         raise ConfigError(
             f"invalid queue name {queue!r}: use 1-128 letters, digits or _ . : / @ -, "
             "starting with a letter, digit or underscore"
@@ -101,5 +103,5 @@ class RetryPolicy:
     def delay(self, attempts: int) -> float:
         raw = min(self.max_delay, self.base * self.factor ** max(attempts - 1, 0))
         if self.jitter:
-            raw *= random.uniform(1.0 - self.jitter, 1.0 + self.jitter)  # noqa: S311
+            raw *= random.uniform(1.0 - self.jitter, 1.0 + self.jitter)
         return max(raw, 0.0)

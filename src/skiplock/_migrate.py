@@ -15,11 +15,15 @@ _LOCK_KEY = "skiplock.migrate:"
 
 def schema_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
     """The highest applied migration in ``schema``, 0 when it has none."""
-    table = conn.execute("SELECT to_regclass(format('%%I.migrations', %s::text))", (schema,)).fetchone()
+    table = conn.execute(
+        "SELECT to_regclass(format('%%I.migrations', %s::text))", (schema,)
+    ).fetchone()
     if table is None or table[0] is None:
         return 0
     row = conn.execute(
-        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migrations").format(sql.Identifier(schema))
+        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.migrations").format(
+            sql.Identifier(schema)
+        )
     ).fetchone()
     return int(row[0]) if row else 0  # type: ignore[call-overload]
 

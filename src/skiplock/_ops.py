@@ -127,11 +127,17 @@ def enqueue_many(
     ids = [int(r["nextval"]) for r in rows]
     if keys is None or all(k is None for k in keys):
         if run_at is None:
-            yield Copy(stmts.copy_jobs, [(i, queue, p, priority, max_attempts) for i, p in zip(ids, payloads, strict=True)])
+            yield Copy(
+                stmts.copy_jobs,
+                [(i, queue, p, priority, max_attempts) for i, p in zip(ids, payloads, strict=True)],
+            )
         else:
             yield Copy(
                 stmts.copy_jobs_at,
-                [(i, queue, p, priority, max_attempts, run_at) for i, p in zip(ids, payloads, strict=True)],
+                [
+                    (i, queue, p, priority, max_attempts, run_at)
+                    for i, p in zip(ids, payloads, strict=True)
+                ],
             )
         return ids
     if len(keys) != n:
@@ -161,12 +167,17 @@ def enqueue_many(
         elif k in existing:
             out.append(existing[k])
         else:
-            raise SkiplockError(f"enqueue with idempotency key {k!r} conflicts with a row this transaction cannot see")
+            raise SkiplockError(
+                f"enqueue with idempotency key {k!r} conflicts with a row "
+                "this transaction cannot see"
+            )
     return out
 
 
 def claim(stmts: Statements, *, worker: str, queue: str, limit: int, lease: float) -> Op[list[Job]]:
-    rows = yield Execute(stmts.claim, {"worker": worker, "queue": queue, "limit": limit, "lease": lease})
+    rows = yield Execute(
+        stmts.claim, {"worker": worker, "queue": queue, "limit": limit, "lease": lease}
+    )
     jobs = [Job.from_row(r) for r in rows]
     # RETURNING order is unspecified; hand jobs out in claim order.
     jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))

@@ -13,7 +13,15 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import _migrate
-from ._base import MakeOp, QueueBase, QueueSettings, backoff, is_connection_error, translate_error, unavailable
+from ._base import (
+    MakeOp,
+    QueueBase,
+    QueueSettings,
+    backoff,
+    is_connection_error,
+    translate_error,
+    unavailable,
+)
 from ._config import RetryPolicy
 from ._errors import DatabaseUnavailable
 from ._job import Job
@@ -96,10 +104,22 @@ class Queue(QueueBase):
             self.open()
 
     @classmethod
-    def from_settings(cls, settings: QueueSettings, *, min_size: int = 1, max_size: int = 4, check_connections: bool = False) -> Queue:
+    def from_settings(
+        cls,
+        settings: QueueSettings,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        check_connections: bool = False,
+    ) -> Queue:
         q = cls.__new__(cls)
         q._init_base(settings)
-        q._min_size, q._max_size, q._check, q._pool = min_size, max(max_size, min_size), check_connections, None
+        q._min_size, q._max_size, q._check, q._pool = (
+            min_size,
+            max(max_size, min_size),
+            check_connections,
+            None,
+        )
         q.open()
         return q
 
@@ -150,7 +170,14 @@ class Queue(QueueBase):
 
     # -- the driver ----------------------------------------------------------------------
 
-    def _execute(self, make_op: MakeOp, *, conn: psycopg.Connection[Any] | None = None, idempotent: bool = True, what: str = "query") -> Any:
+    def _execute(
+        self,
+        make_op: MakeOp,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        idempotent: bool = True,
+        what: str = "query",
+    ) -> Any:
         if conn is not None:
             # The caller's connection and transaction: their commit decides, their
             # error handling applies.
@@ -215,7 +242,9 @@ class Queue(QueueBase):
         connection's transaction and exists only if the caller commits.
         """
         make = self._enqueue_op(payload, queue, priority, run_at, max_attempts, idempotency_key)
-        return int(self._execute(make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"))
+        return int(
+            self._execute(make, conn=conn, idempotent=idempotency_key is not None, what="enqueue")
+        )
 
     def enqueue_many(
         self,
@@ -229,12 +258,16 @@ class Queue(QueueBase):
         conn: psycopg.Connection[Any] | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order."""
-        make = self._enqueue_many_op(payloads, queue, priority, run_at, max_attempts, idempotency_keys)
+        make = self._enqueue_many_op(
+            payloads, queue, priority, run_at, max_attempts, idempotency_keys
+        )
         return list(self._execute(make, conn=conn, idempotent=False, what="enqueue_many"))
 
     # -- consumers -----------------------------------------------------------------------
 
-    def claim(self, *, worker: str, queue: str = "default", limit: int = 1, lease: float = 30.0) -> list[Job]:
+    def claim(
+        self, *, worker: str, queue: str = "default", limit: int = 1, lease: float = 30.0
+    ) -> list[Job]:
         """Take up to ``limit`` due jobs, committed, each with a fresh lease token."""
         return list(self._execute(self._claim_op(worker, queue, limit, lease), what="claim"))
 
@@ -246,7 +279,9 @@ class Queue(QueueBase):
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> FenceResult:
         """Heartbeat many jobs in one statement; ``lost`` lists those no longer ours."""
-        res: FenceResult = self._execute(self._fenced_op("heartbeat", jobs, {"lease": float(lease)}), what="heartbeat")
+        res: FenceResult = self._execute(
+            self._fenced_op("heartbeat", jobs, {"lease": float(lease)}), what="heartbeat"
+        )
         return res
 
     def complete(self, job: Job) -> None:
@@ -260,7 +295,9 @@ class Queue(QueueBase):
             self._count_lost(len(res.lost))
         return res
 
-    def fail(self, job: Job, error: str | None = None, *, retry: bool = True, delay: float | None = None) -> str:
+    def fail(
+        self, job: Job, error: str | None = None, *, retry: bool = True, delay: float | None = None
+    ) -> str:
         """Record a failed attempt; returns the job's new status.
 
         With ``retry`` (the default) the job runs again after the retry policy's
@@ -276,7 +313,9 @@ class Queue(QueueBase):
     ) -> FenceResult:
         """``fail`` for many jobs in one statement: (job, error, delay or None, retry)."""
         jobs = [it[0] for it in items]
-        res: FenceResult = self._execute(self._fenced_op("fail", jobs, self._fail_params(items)), what="fail")
+        res: FenceResult = self._execute(
+            self._fenced_op("fail", jobs, self._fail_params(items)), what="fail"
+        )
         if _count:
             self._count_lost(len(res.lost))
         return res
@@ -306,12 +345,16 @@ class Queue(QueueBase):
             if len(rows) < limit:
                 return total
 
-    def prune(self, *, older_than: float = 7 * 86400.0, limit: int = 1000, max_batches: int | None = None) -> int:
+    def prune(
+        self, *, older_than: float = 7 * 86400.0, limit: int = 1000, max_batches: int | None = None
+    ) -> int:
         """Delete finished jobs older than ``older_than`` seconds, ``limit`` rows at a time."""
         total, batches = 0, 0
         while max_batches is None or batches < max_batches:
             with self.connection() as c:
-                cur = c.execute(self._stmts.prune, {"older_than": float(older_than), "limit": limit})
+                cur = c.execute(
+                    self._stmts.prune, {"older_than": float(older_than), "limit": limit}
+                )
                 n = cur.rowcount
             total += n
             batches += 1
@@ -331,4 +374,7 @@ class Queue(QueueBase):
         """Counts per queue and status, oldest pending age, expired leases, high attempts."""
         with self.connection() as c:
             cur = c.cursor(row_factory=dict_row)
-            return cur.execute(self._stmts.status, {"attempts_alert": attempts_alert}).fetchall()
+            rows: list[dict[str, Any]] = cur.execute(
+                self._stmts.status, {"attempts_alert": attempts_alert}
+            ).fetchall()
+            return rows

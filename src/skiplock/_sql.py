@@ -43,7 +43,7 @@ class Statements:
         self.schema = schema
         ident = sql.Identifier(schema)
         self._by_name: dict[str, sql.Composed] = {
-            name: sql.SQL(text).format(schema=ident)  # type: ignore[arg-type]
+            name: sql.SQL(text).format(schema=ident)
             for name, text in parse_named(_read("queries.sql")).items()
         }
 
@@ -69,7 +69,7 @@ class Migration:
     text: str
 
     def render(self, schema: str) -> sql.Composed:
-        return sql.SQL(self.text).format(  # type: ignore[arg-type]
+        return sql.SQL(self.text).format(
             schema=sql.Identifier(schema), channel=sql.Literal(channel_name(schema))
         )
 
@@ -81,9 +81,7 @@ def migrations() -> tuple[Migration, ...]:
     for entry in resources.files("skiplock").joinpath("sql", "migrations").iterdir():
         m = _MIGRATION.match(entry.name)
         if m:
-            found.append(
-                Migration(int(m["version"]), m["name"], entry.read_text(encoding="utf-8"))
-            )
+            found.append(Migration(int(m["version"]), m["name"], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda mig: mig.version)
     versions = [mig.version for mig in found]
     if versions != list(range(1, len(found) + 1)):

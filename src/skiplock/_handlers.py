@@ -1,0 +1,206 @@
+"""Running handlers: outcomes, the thread pool that can abandon a hung thread, loading."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from ._errors import ConfigError, Fail, Retry
+from ._job import Job
+
+__all__ = ["HandlerPool", "Outcome", "load_handler", "run_handler"]
+
+logger = logging.getLogger("skiplock.worker")
+
+Handler = Callable[[Job], Any]
+MAX_ERROR_CHARS = 8000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a handler's attempt came to; the worker turns it into one fenced write."""
+
+    kind: str  # 'ok' | 'retry' (policy or explicit delay) | 'fail' (no retry)
+    error: str | None = None
+    delay: float | None = None  # None: the retry policy decides
+
+
+OK = Outcome("ok")
+
+
+def _trim(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else "..." + text[-MAX_ERROR_CHARS:]
+
+
+def run_handler(handler: Handler, job: Job, timeout: float | None) -> Outcome:
+    """Call ``handler(job)`` and classify what happened.  Never raises."""
+    try:
+        if inspect.iscoroutinefunction(handler):
+            # A coroutine can really be cancelled at its timeout, unlike a thread.
+            coro = handler(job)
+            asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
+        else:
+            handler(job)
+        return OK
+    except Retry as exc:
+        return Outcome("retry", _trim(exc.reason or "retry requested by handler"), exc.delay)
+    except Fail as exc:
+        return Outcome("fail", _trim(str(exc) or "failed by handler"))
+    except TimeoutError:
+        return Outcome("retry", f"timed out after {timeout:g}s")
+    except Exception:
+        return Outcome("retry", _trim(traceback.format_exc()))
+
+
+def load_handler(path: str) -> Handler:
+    """Import ``module:function`` (or ``module.function``); ConfigError with the reason."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"handler {path!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(f"cannot import handler module {module_name!r}: {exc}") from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+    if not callable(target):
+        raise ConfigError(f"handler {path!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class _Running:
+    job: Job
+    deadline: float | None
+    abandoned: bool = False
+
+
+class HandlerPool:
+    """A fixed number of handler threads; a thread whose job timed out is abandoned.
+
+    Python cannot kill a thread.  When a sync handler overruns its timeout, its job is
+    failed (and retried) by the worker, the thread is marked abandoned and replaced,
+    so capacity stays constant; when the hung call finally returns, the thread drops
+    its result and exits.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        run: Callable[[Job], Outcome],
+        on_done: Callable[[Job, Outcome], None],
+        timeout: float | None,
+        name: str,
+    ) -> None:
+        self._size = size
+        self._run = run
+        self._on_done = on_done
+        self._timeout = timeout
+        self._name = name
+        self._tasks: SimpleQueue[Job | None] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0
+        self._running: dict[int, _Running] = {}
+        self._idle = threading.Condition(self._lock)
+        self._threads: list[threading.Thread] = []
+        self._serial = 0
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        self._serial += 1
+        t = threading.Thread(target=self._loop, name=f"{self._name}-h{self._serial}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def load(self) -> int:
+        """Jobs queued or running in live (not abandoned) threads."""
+        with self._lock:
+            return self._queued + len(self._running)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self._queued += 1
+        self._tasks.put(job)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._tasks.get()
+            if job is None:
+                return
+            deadline = time.monotonic() + self._timeout if self._timeout else None
+            me = _Running(job, deadline)
+            with self._lock:
+                self._queued -= 1
+                self._running[job.id] = me
+            outcome = self._run(job)
+            with self._lock:
+                if me.abandoned:
+                    logger.warning(
+                        "handler for job %s returned after its timeout; result dropped", job.id
+                    )
+                    return
+                del self._running[job.id]
+                self._idle.notify_all()
+            self._on_done(job, outcome)
+
+    def reap(self, now: float) -> list[Job]:
+        """Abandon the threads whose job is past its deadline; return those jobs."""
+        expired: list[Job] = []
+        with self._lock:
+            for job_id, r in list(self._running.items()):
+                if r.deadline is not None and now >= r.deadline:
+                    r.abandoned = True
+                    del self._running[job_id]
+                    expired.append(r.job)
+                    self._spawn()
+            if expired:
+                self._idle.notify_all()
+        return expired
+
+    def drain_unstarted(self) -> list[Job]:
+        """Take back the jobs no thread has started (for release at shutdown)."""
+        out: list[Job] = []
+        while True:
+            try:
+                job = self._tasks.get_nowait()
+            except Empty:
+                break
+            if job is not None:
+                out.append(job)
+        with self._lock:
+            self._queued -= len(out)
+        return out
+
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return [r.job for r in self._running.values()]
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no handler runs (queued ones are not counted); False on timeout."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while self._running:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)

@@ -1,0 +1,484 @@
+"""Worker: claims in batches, runs handlers in threads, keeps leases alive, sweeps.
+
+Threads and their one job each:
+
+- the caller's thread runs the claim loop: claim up to free capacity, hand jobs to the
+  handler pool, reap handlers past their timeout, sweep expired leases now and then;
+- the writer thread turns handler outcomes into fenced writes, batched (all the
+  completions that piled up go in one statement), and heartbeats every job this worker
+  holds, also in one statement.  Writes and heartbeats share one thread so they never
+  lock the same rows from two connections of ours;
+- the listener thread LISTENs for enqueue notifications and wakes the claim loop;
+- the handler threads run user code.
+
+Nothing here holds a transaction open while a handler runs: the claim commits, the
+lease is the only claim a worker keeps, and the lease token guards every write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from queue import Empty, SimpleQueue
+
+import psycopg
+from psycopg import sql
+
+from ._base import QueueSettings, backoff
+from ._config import validate_queue
+from ._errors import ConfigError, SkiplockError
+from ._handlers import Handler, HandlerPool, Outcome, run_handler
+from ._job import Job
+from ._queue import Queue
+from ._sql import channel_name
+
+__all__ = ["Worker", "WorkerStats"]
+
+logger = logging.getLogger("skiplock.worker")
+
+_DB_ERRORS = (psycopg.Error, SkiplockError)
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker's life; read them while it runs or after."""
+
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    timed_out: int = 0
+    lease_lost: int = 0
+    heartbeats: int = 0
+    sweeps_recovered: int = 0
+    db_errors: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Worker:
+    """Runs handlers for jobs of one or more queues.
+
+    Parameters
+    ----------
+    queue
+        The Queue whose settings (DSN, schema, retry policy) the worker uses.  The
+        worker opens its own few connections, named ``skiplock-worker:<name>`` in
+        ``pg_stat_activity``.
+    handler
+        ``f(job)`` for every queue in ``queues``, or a mapping queue -> handler.
+        ``async def`` handlers run in an event loop of their own and are cancelled
+        at the job timeout.  Return: done.  Raise ``Retry(delay)``: again later.
+        Raise ``Fail``: failed, no retry.  Raise anything else: retried with the
+        queue's backoff until attempts run out.
+    concurrency
+        Handlers running at once; the worker claims up to the free capacity.
+    lease
+        Seconds a claim lasts without a heartbeat; heartbeats every ``lease / 3``.
+        A dead worker's jobs run again after at most ``lease + sweep_interval``.
+    job_timeout
+        Seconds a handler may run; past it the attempt fails (and is retried).
+    listen
+        Wake on LISTEN/NOTIFY.  Turn off behind PgBouncer in transaction mode; the
+        worker then polls every ``poll_interval`` seconds.
+    shutdown_grace
+        On stop, seconds running handlers get to finish.  Unstarted jobs are
+        released at once, with their attempt given back.
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        handler: Handler | Mapping[str, Handler],
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 4,
+        lease: float = 30.0,
+        heartbeat_interval: float | None = None,
+        name: str | None = None,
+        poll_interval: float = 1.0,
+        sweep_interval: float = 2.0,
+        job_timeout: float | None = None,
+        listen: bool = True,
+        prefetch: int = 0,
+        shutdown_grace: float = 30.0,
+    ) -> None:
+        if isinstance(handler, Mapping):
+            self._handlers: dict[str, Handler] = dict(handler)
+            names = list(queues) if queues is not None else list(self._handlers)
+        else:
+            names = list(queues) if queues is not None else ["default"]
+            self._handlers = dict.fromkeys(names, handler)
+        if not names:
+            raise ConfigError("a worker needs at least one queue")
+        for q in names:
+            validate_queue(q)
+            if q not in self._handlers:
+                raise ConfigError(f"no handler for queue {q!r}")
+        if concurrency < 1:
+            raise ConfigError("concurrency must be at least 1")
+        if not lease > 0:
+            raise ConfigError("lease must be positive")
+        self.heartbeat_interval = heartbeat_interval or lease / 3.0
+        if self.heartbeat_interval >= lease:
+            raise ConfigError("heartbeat interval must be shorter than the lease")
+        self.queues = names
+        self.concurrency = concurrency
+        self.lease = float(lease)
+        self.name = name or default_worker_name()
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self.job_timeout = job_timeout
+        self.listen = listen
+        self.prefetch = max(0, prefetch)
+        self.shutdown_grace = shutdown_grace
+        self.stats = WorkerStats()
+
+        app = f"skiplock-worker:{self.name}"
+        self._settings: QueueSettings = replace(queue.settings, application_name=app, op_retries=2)
+        self._q: Queue | None = None
+        self._stopping = threading.Event()
+        self._hard_stop = threading.Event()
+        self._wake = threading.Event()
+        self._results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
+        self._inflight: dict[int, Job] = {}  # claimed and not yet written back
+        self._inflight_lock = threading.Lock()
+        self._pool: HandlerPool | None = None
+        self._threads: list[threading.Thread] = []
+        self._rotation = 0
+        self._running = False
+
+    # -- public control ------------------------------------------------------------------
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop claiming; with ``graceful``, let running handlers finish in the grace."""
+        if not graceful:
+            self._hard_stop.set()
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def inflight(self) -> list[Job]:
+        with self._inflight_lock:
+            return list(self._inflight.values())
+
+    def run(self) -> WorkerStats:
+        """Run until ``stop()``; returns the final counters."""
+        if self._running:
+            raise RuntimeError("worker already running")
+        self._running = True
+        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3)
+        self._pool = HandlerPool(
+            self.concurrency,
+            self._run_one,
+            self._handler_done,
+            self.job_timeout,
+            name=f"skiplock-{self.name}",
+        )
+        self._start_thread(self._writer_loop, "writer")
+        if self.listen:
+            self._start_thread(self._listen_loop, "listener")
+        logger.info(
+            "worker %s: queues %s, concurrency %d, lease %gs",
+            self.name,
+            ",".join(self.queues),
+            self.concurrency,
+            self.lease,
+        )
+        try:
+            self._claim_loop()
+        finally:
+            self._shutdown()
+        return self.stats
+
+    def start(self) -> threading.Thread:
+        """Run in a background thread (tests, embedding); ``stop()`` then ``join()``."""
+        t = threading.Thread(target=self.run, name=f"skiplock-worker-{self.name}", daemon=True)
+        t.start()
+        return t
+
+    # -- claim loop ----------------------------------------------------------------------
+
+    def _start_thread(self, target: Callable[[], None], role: str) -> None:
+        t = threading.Thread(target=target, name=f"skiplock-{self.name}-{role}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _claim_loop(self) -> None:
+        assert self._q is not None and self._pool is not None
+        next_sweep = time.monotonic() + random.uniform(0, self.sweep_interval)
+        failures = 0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            for job in self._pool.reap(now):
+                self.stats.add(timed_out=1)
+                self._results.put((job, Outcome("retry", f"timed out after {self.job_timeout:g}s")))
+            if now >= next_sweep:
+                self._sweep()
+                next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
+            free = self.concurrency + self.prefetch - self._pool.load()
+            saturated = False
+            if free > 0:
+                try:
+                    saturated = self._claim_some(free)
+                    failures = 0
+                except _DB_ERRORS as exc:
+                    failures += 1
+                    self.stats.add(db_errors=1)
+                    if failures == 1 or failures % 20 == 0:
+                        logger.warning(
+                            "worker %s: claim failed (%s); retrying", self.name, _one_line(exc)
+                        )
+                    self._stopping.wait(backoff(failures, base=0.05, cap=5.0))
+                    continue
+            self._wait_for_work(saturated)
+
+    def _wait_for_work(self, saturated: bool) -> None:
+        assert self._pool is not None
+        timeout = self.poll_interval
+        if self.job_timeout:
+            timeout = min(timeout, max(self.job_timeout / 4, 0.05))
+        if saturated and self._pool.load() < self.concurrency + self.prefetch:
+            return  # a full batch came back and there is room: claim again at once
+        self._wake.wait(timeout)
+        self._wake.clear()
+
+    def _claim_some(self, free: int) -> bool:
+        """Claim up to ``free`` jobs across the queues; True if a queue may hold more."""
+        assert self._q is not None and self._pool is not None
+        n = len(self.queues)
+        more = False
+        for i in range(n):
+            if free <= 0 or self._stopping.is_set():
+                break
+            name = self.queues[(self._rotation + i) % n]
+            jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            if not jobs:
+                continue
+            more = more or len(jobs) == free
+            free -= len(jobs)
+            self.stats.add(claimed=len(jobs))
+            with self._inflight_lock:
+                for job in jobs:
+                    self._inflight[job.id] = job
+            for job in jobs:
+                self._pool.submit(job)
+        self._rotation = (self._rotation + 1) % n
+        return more
+
+    def _sweep(self) -> None:
+        assert self._q is not None
+        try:
+            n = self._q.sweep()
+        except _DB_ERRORS as exc:
+            self.stats.add(db_errors=1)
+            logger.debug("sweep failed: %s", _one_line(exc))
+            return
+        if n:
+            self.stats.add(sweeps_recovered=n)
+            logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
+            self._wake.set()
+
+    # -- handlers ------------------------------------------------------------------------
+
+    def _run_one(self, job: Job) -> Outcome:
+        return run_handler(self._handlers[job.queue], job, self.job_timeout)
+
+    def _handler_done(self, job: Job, outcome: Outcome) -> None:
+        self._results.put((job, outcome))
+        self._wake.set()
+
+    # -- writer: fenced writes and heartbeats --------------------------------------------
+
+    def _writer_loop(self) -> None:
+        pending: list[tuple[Job, Outcome]] = []
+        next_beat = time.monotonic() + self.heartbeat_interval
+        failures = 0
+        while True:
+            timeout = max(0.0, next_beat - time.monotonic())
+            if pending:
+                timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
+            try:
+                item = self._results.get(timeout=timeout)
+                if item is None:
+                    if not pending:
+                        return
+                    # Writes still owed: keep trying until the hard stop.
+                    self._results.put(None)
+                    if self._hard_stop.is_set():
+                        logger.warning(
+                            "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
+                        )
+                        return
+                    time.sleep(0.05)
+                else:
+                    pending.append(item)
+                while True:
+                    more = self._results.get_nowait()
+                    if more is None:
+                        self._results.put(None)
+                        break
+                    pending.append(more)
+            except Empty:
+                pass
+            if pending:
+                try:
+                    self._write(pending)
+                    pending = []
+                    failures = 0
+                except Exception as exc:
+                    # Never let the writer die: results it owes would be lost and the
+                    # leases of every job held would run out.  Keep them and retry.
+                    failures += 1
+                    self.stats.add(db_errors=1)
+                    if failures == 1 or failures % 20 == 0:
+                        logger.warning(
+                            "worker %s: writing %d result(s) failed (%s); will retry",
+                            self.name,
+                            len(pending),
+                            _one_line(exc),
+                        )
+            if time.monotonic() >= next_beat:
+                self._heartbeat()
+                next_beat = time.monotonic() + self.heartbeat_interval
+
+    def _write(self, batch: list[tuple[Job, Outcome]]) -> None:
+        """One statement for the completions, one for the failures; each fenced per job."""
+        assert self._q is not None
+        done = [job for job, o in batch if o.kind == "ok"]
+        failed = [(job, o.error, o.delay, o.kind == "retry") for job, o in batch if o.kind != "ok"]
+        lost: list[int] = []
+        if done:
+            res = self._q.complete_many(done)
+            lost += res.lost
+            self.stats.add(completed=len(res.done))
+            self._forget(done)
+        if failed:
+            res = self._q.fail_many(failed)
+            lost += res.lost
+            retried = sum(1 for r in res.done.values() if r["status"] == "pending")
+            self.stats.add(retried=retried, failed=len(res.done) - retried)
+            self._forget([j for j, *_ in failed])
+        if lost:
+            self.stats.add(lease_lost=len(lost))
+            logger.warning(
+                "worker %s: lease lost for job(s) %s; the write changed nothing",
+                self.name,
+                ", ".join(map(str, lost)),
+            )
+
+    def _forget(self, jobs: Sequence[Job]) -> None:
+        with self._inflight_lock:
+            for job in jobs:
+                self._inflight.pop(job.id, None)
+
+    def _heartbeat(self) -> None:
+        assert self._q is not None
+        jobs = self.inflight()
+        if not jobs:
+            return
+        try:
+            res = self._q.heartbeat_many(jobs, lease=self.lease)
+        except Exception as exc:
+            self.stats.add(db_errors=1)
+            logger.warning("worker %s: heartbeat failed (%s)", self.name, _one_line(exc))
+            return
+        self.stats.add(heartbeats=len(res.done))
+        if res.lost:
+            self.stats.add(lease_lost=len(res.lost))
+            logger.warning(
+                "worker %s: heartbeat found job(s) %s no longer ours (swept or cancelled)",
+                self.name,
+                ", ".join(map(str, res.lost)),
+            )
+            with self._inflight_lock:
+                for job_id in res.lost:
+                    self._inflight.pop(job_id, None)
+
+    # -- listener ------------------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        wanted = set(self.queues)
+        channel = sql.Identifier(channel_name(self._settings.schema))
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(self._settings.dsn, **self._settings.connect_kwargs()) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    failures = 0
+                    self._wake.set()  # whatever was enqueued while we were away
+                    while not self._stopping.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            if note.payload in wanted:
+                                self._wake.set()
+            except psycopg.Error as exc:
+                failures += 1
+                if failures == 1:
+                    logger.info("worker %s: listener reconnecting (%s)", self.name, _one_line(exc))
+                self._stopping.wait(backoff(failures, base=0.1, cap=5.0))
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        assert self._q is not None and self._pool is not None
+        unstarted = self._pool.drain_unstarted()
+        if unstarted:
+            self._release(unstarted)
+        grace = 0.0 if self._hard_stop.is_set() else self.shutdown_grace
+        if not self._pool.wait_idle(grace):
+            left = self._pool.running_jobs()
+            logger.warning(
+                "worker %s: %d handler(s) still running after %gs; their leases will expire",
+                self.name,
+                len(left),
+                grace,
+            )
+            self._forget(left)
+        self._results.put(None)
+        self._stopping.set()
+        for t in self._threads:
+            t.join(timeout=max(grace, 1.0) + 5.0)
+        self._pool.shutdown()
+        self._q.close()
+        self._running = False
+        logger.info("worker %s stopped: %s", self.name, self.stats.snapshot())
+
+    def _release(self, jobs: list[Job]) -> None:
+        assert self._q is not None
+        for attempt in range(1, 6):
+            try:
+                res = self._q.release_many(jobs)
+                self.stats.add(released=len(res.done), lease_lost=len(res.lost))
+                self._forget(jobs)
+                return
+            except _DB_ERRORS as exc:
+                logger.warning("worker %s: release failed (%s)", self.name, _one_line(exc))
+                time.sleep(backoff(attempt))
+        self._forget(jobs)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

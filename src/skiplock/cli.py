@@ -1,0 +1,334 @@
+"""The `skiplock` command: parses arguments and calls the library, no logic of its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ._cli_common import dsn_option, echo_json, json_option, schema_option, user_errors
+from ._errors import PayloadError
+from ._queue import Queue
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="skiplock")
+def main() -> None:
+    """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
+
+
+def _queue(dsn: str | None, schema: str, **kwargs: Any) -> Queue:
+    q = Queue(dsn, schema=schema, **kwargs)
+    return q
+
+
+@main.command()
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def migrate(dsn: str | None, schema: str, as_json: bool) -> None:
+    """Create or upgrade the schema (idempotent; safe from many processes at once)."""
+    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+        applied = q.migrate()
+        if as_json:
+            echo_json({"schema": schema, "applied": applied, "dsn": q.settings.display_dsn})
+        elif applied:
+            click.echo(f"schema {schema}: applied migrations {', '.join(map(str, applied))}")
+        else:
+            click.echo(f"schema {schema}: up to date")
+
+
+@main.command()
+@click.argument("payload", required=False)
+@click.option("--queue", "queue_name", default="default", show_default=True)
+@click.option("--priority", default=0, show_default=True, help="Lower runs first.")
+@click.option("--max-attempts", default=5, show_default=True)
+@click.option(
+    "--key",
+    "idempotency_key",
+    default=None,
+    help="Idempotency key: a repeat returns the first job's id.",
+)
+@click.option(
+    "--file",
+    "payload_file",
+    type=click.File("r"),
+    default=None,
+    help="Read JSON lines from a file ('-' for stdin), one job per line.",
+)
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def enqueue(
+    payload: str | None,
+    queue_name: str,
+    priority: int,
+    max_attempts: int,
+    idempotency_key: str | None,
+    payload_file: Any,
+    dsn: str | None,
+    schema: str,
+    as_json: bool,
+) -> None:
+    """Enqueue PAYLOAD (a JSON document), or one job per line of --file."""
+    if (payload is None) == (payload_file is None):
+        raise click.UsageError("give a JSON PAYLOAD argument or --file, not both")
+    docs: list[Any] = []
+    lines = [payload] if payload is not None else [ln for ln in payload_file if ln.strip()]
+    for n, line in enumerate(lines, 1):
+        try:
+            docs.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            where = "payload" if payload is not None else f"line {n}"
+            raise PayloadError(
+                f"{where} is not valid JSON: {exc.msg} at column {exc.colno}"
+            ) from None
+    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+        if len(docs) == 1:
+            ids = [
+                q.enqueue(
+                    docs[0],
+                    queue=queue_name,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                    idempotency_key=idempotency_key,
+                )
+            ]
+        else:
+            if idempotency_key is not None:
+                raise click.UsageError("--key applies to a single job")
+            ids = q.enqueue_many(
+                docs, queue=queue_name, priority=priority, max_attempts=max_attempts
+            )
+    if as_json:
+        echo_json({"queue": queue_name, "ids": ids})
+    else:
+        click.echo("\n".join(map(str, ids)))
+
+
+@main.command()
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def sweep(dsn: str | None, schema: str, as_json: bool) -> None:
+    """Return jobs whose lease expired to pending (or failed, when out of attempts), once."""
+    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+        n = q.sweep()
+    if as_json:
+        echo_json({"swept": n})
+    else:
+        click.echo(f"swept {n} job(s)")
+
+
+@main.command()
+@click.option(
+    "--older-than", default=7 * 86400.0, show_default=True, help="Seconds since the job finished."
+)
+@click.option("--batch", default=1000, show_default=True, help="Rows deleted per statement.")
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def prune(older_than: float, batch: int, dsn: str | None, schema: str, as_json: bool) -> None:
+    """Delete finished jobs (done, failed, cancelled) in small batches."""
+    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+        n = q.prune(older_than=older_than, limit=batch)
+    if as_json:
+        echo_json({"deleted": n})
+    else:
+        click.echo(f"deleted {n} finished job(s)")
+
+
+@main.command()
+@click.option(
+    "--attempts-alert",
+    default=3,
+    show_default=True,
+    help="Flag jobs with at least this many attempts.",
+)
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> None:
+    """Counts per queue and status, oldest pending age, expired leases, high attempts."""
+    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+        rows = q.status(attempts_alert=attempts_alert)
+    if as_json:
+        echo_json({"queues": rows})
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"skiplock status ({schema})")
+    for col in (
+        "queue",
+        "status",
+        "jobs",
+        "oldest pending",
+        "expired leases",
+        f"attempts >= {attempts_alert}",
+    ):
+        table.add_column(col, justify="left" if col in ("queue", "status") else "right")
+    for r in rows:
+        age = r["oldest_pending_seconds"]
+        table.add_row(
+            r["queue"],
+            r["status"],
+            str(r["jobs"]),
+            f"{float(age):.1f}s" if age is not None else "-",
+            str(r["expired_leases"]),
+            str(r["high_attempts"]),
+        )
+    if not rows:
+        click.echo("no jobs")
+        return
+    Console().print(table)
+
+
+@main.command()
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    default=["default"],
+    show_default=True,
+    help="Queue to serve; repeat for several.",
+)
+@click.option(
+    "--handler", "handler_path", required=True, help="module:function called with each Job."
+)
+@click.option("--concurrency", default=4, show_default=True, help="Handlers running at once.")
+@click.option(
+    "--lease", default=30.0, show_default=True, help="Seconds a claim lasts without heartbeat."
+)
+@click.option(
+    "--heartbeat",
+    "heartbeat_interval",
+    default=None,
+    type=float,
+    help="Seconds between heartbeats [default: lease/3].",
+)
+@click.option(
+    "--timeout", "job_timeout", default=None, type=float, help="Seconds a handler may run."
+)
+@click.option("--name", default=None, help="Worker name [default: host-pid].")
+@click.option(
+    "--poll",
+    "poll_interval",
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls when idle.",
+)
+@click.option(
+    "--sweep-interval",
+    default=2.0,
+    show_default=True,
+    help="Seconds between sweeps of expired leases.",
+)
+@click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction mode).")
+@click.option(
+    "--grace",
+    "shutdown_grace",
+    default=30.0,
+    show_default=True,
+    help="Seconds running handlers get on SIGTERM.",
+)
+@click.option(
+    "--migrate/--no-migrate",
+    "do_migrate",
+    default=True,
+    show_default=True,
+    help="Apply migrations on start.",
+)
+@click.option("-v", "--verbose", is_flag=True)
+@dsn_option
+@schema_option
+@user_errors
+def worker(
+    queues: tuple[str, ...],
+    handler_path: str,
+    concurrency: int,
+    lease: float,
+    heartbeat_interval: float | None,
+    job_timeout: float | None,
+    name: str | None,
+    poll_interval: float,
+    sweep_interval: float,
+    no_listen: bool,
+    shutdown_grace: float,
+    do_migrate: bool,
+    verbose: bool,
+    dsn: str | None,
+    schema: str,
+) -> None:
+    """Run handlers for jobs until SIGTERM/SIGINT (a second signal exits at once)."""
+    import logging
+    import os
+    import signal
+
+    from ._handlers import load_handler
+    from ._worker import Worker
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handler = load_handler(handler_path)
+    q = _queue(dsn, schema, min_size=1, max_size=1)
+    try:
+        if do_migrate:
+            q.migrate()
+        w = Worker(
+            q,
+            handler,
+            queues=list(queues),
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            name=name,
+            poll_interval=poll_interval,
+            sweep_interval=sweep_interval,
+            job_timeout=job_timeout,
+            listen=not no_listen,
+            shutdown_grace=shutdown_grace,
+        )
+        signals = {"n": 0}
+
+        def on_signal(signum: int, _frame: object) -> None:
+            signals["n"] += 1
+            if signals["n"] == 1:
+                logging.getLogger("skiplock.worker").info(
+                    "%s: finishing running jobs (up to %gs); signal again to exit now",
+                    signal.Signals(signum).name,
+                    shutdown_grace,
+                )
+                w.stop()
+            else:
+                # Leases of the jobs still held run out and the sweeper gives them back.
+                os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        w.run()
+    finally:
+        q.close()
+
+
+# Commands of the optional parts (lab, audit, chaos, demo) register below; each lives in
+# its own package and uses only the public API of the core.
+
+
+
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

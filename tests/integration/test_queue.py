@@ -1,0 +1,358 @@
+"""Queue against a real PostgreSQL: enqueue, claim, the fenced writes, sweep, dedup."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from skiplock import ConfigError, DatabaseUnavailable, Job, LeaseLost, PayloadError, Queue
+
+
+def row(admin: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any]:
+    cur = admin.cursor(row_factory=psycopg.rows.dict_row)
+    cur.execute(
+        sql.SQL("SELECT * FROM {}.jobs WHERE id = %s").format(sql.Identifier(schema)), (job_id,)
+    )
+    found = cur.fetchone()
+    assert found is not None
+    return found
+
+
+def expire(admin: psycopg.Connection[Any], schema: str, job_id: int) -> None:
+    """Move a lease into the past instead of sleeping until it runs out."""
+    admin.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET locked_until = now() - interval '1 second' WHERE id = %s"
+        ).format(sql.Identifier(schema)),
+        (job_id,),
+    )
+
+
+def test_enqueue_claim_complete(queue: Queue) -> None:
+    job_id = queue.enqueue({"invoice": 7}, queue="emails")
+    [job] = queue.claim(worker="w1", queue="emails", limit=10, lease=30)
+    assert (job.id, job.queue, job.payload, job.attempts) == (job_id, "emails", {"invoice": 7}, 1)
+    assert job.worker == "w1" and job.status == "running" and job.lease_token is not None
+    assert job.idempotency_key == f"skiplock:emails:{job_id}"
+    assert queue.claim(worker="w2", queue="emails") == []
+    queue.complete(job)
+    done = queue.get(job_id)
+    assert done is not None and done.status == "done" and done.finished_at is not None
+
+
+def test_claim_order_priority_then_run_at_then_id(queue: Queue) -> None:
+    past = datetime.now(UTC) - timedelta(minutes=5)
+    a = queue.enqueue("a", priority=5)
+    b = queue.enqueue("b", priority=0)
+    c = queue.enqueue("c", priority=0, run_at=past)
+    future = queue.enqueue("later", run_at=datetime.now(UTC) + timedelta(hours=1))
+    jobs = queue.claim(worker="w", limit=10)
+    assert [j.id for j in jobs] == [c, b, a]
+    assert future not in [j.id for j in jobs]
+
+
+def test_claim_respects_queue(queue: Queue) -> None:
+    queue.enqueue(1, queue="a")
+    queue.enqueue(2, queue="b")
+    assert [j.payload for j in queue.claim(worker="w", queue="b", limit=5)] == [2]
+
+
+def test_fencing_after_sweep_and_reclaim(queue: Queue, admin: psycopg.Connection[Any]) -> None:
+    job_id = queue.enqueue({"n": 1})
+    [first] = queue.claim(worker="w1", lease=30)
+    expire(admin, queue.schema, job_id)
+    assert queue.sweep() == 1
+    swept = queue.get(job_id)
+    assert swept is not None and swept.status == "pending" and swept.attempts == 1
+    assert "lease expired on worker w1" in (swept.last_error or "")
+    [second] = queue.claim(worker="w2", lease=30)
+    assert second.id == job_id and second.attempts == 2
+    assert second.lease_token != first.lease_token
+    before = row(admin, queue.schema, job_id)
+    lost_before = queue.lease_lost_count
+    for stale_write in (
+        lambda: queue.complete(first),
+        lambda: queue.fail(first, "late failure"),
+        lambda: queue.heartbeat(first, lease=600),
+        lambda: queue.release(first),
+        lambda: queue.retry(first, delay=1),
+    ):
+        with pytest.raises(LeaseLost) as err:
+            stale_write()
+        assert err.value.job_ids == [job_id]
+    assert queue.lease_lost_count == lost_before + 5
+    assert row(admin, queue.schema, job_id) == before  # the stale writes changed nothing
+    queue.complete(second)
+    assert row(admin, queue.schema, job_id)["status"] == "done"
+    with pytest.raises(LeaseLost):
+        queue.complete(second)  # a second completion is rejected too
+
+
+def test_expired_but_untouched_lease_may_still_complete(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    job_id = queue.enqueue({})
+    [job] = queue.claim(worker="w1", lease=30)
+    expire(admin, queue.schema, job_id)
+    queue.complete(job)  # nobody swept or re-claimed: the token is still good
+    assert queue.sweep() == 0
+    done = queue.get(job_id)
+    assert done is not None and done.status == "done"
+
+
+def test_cancel_revokes_a_running_lease(queue: Queue) -> None:
+    job_id = queue.enqueue({})
+    [job] = queue.claim(worker="w1")
+    assert queue.cancel(job_id)
+    with pytest.raises(LeaseLost):
+        queue.heartbeat(job)
+    with pytest.raises(LeaseLost):
+        queue.complete(job)
+    cancelled = queue.get(job_id)
+    assert cancelled is not None and cancelled.status == "cancelled"
+    assert not queue.cancel(job_id)
+
+
+def test_sweep_exhausted_job_fails_with_reason(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    job_id = queue.enqueue({}, max_attempts=2)
+    for _ in range(2):
+        [_job] = queue.claim(worker="w1")
+        expire(admin, queue.schema, job_id)
+        queue.sweep()
+    final = queue.get(job_id)
+    assert final is not None and final.status == "failed" and final.attempts == 2
+    assert "during attempt 2 of 2" in (final.last_error or "")
+    assert queue.claim(worker="w1") == []
+
+
+def test_heartbeat_keeps_a_job_from_the_sweeper(queue: Queue) -> None:
+    job_id = queue.enqueue({})
+    [job] = queue.claim(worker="w1", lease=30)
+    new_expiry = queue.heartbeat(job, lease=120)
+    assert new_expiry > datetime.now(UTC) + timedelta(seconds=100)
+    assert queue.sweep() == 0
+    got = queue.get(job_id)
+    assert got is not None and got.status == "running"
+
+
+def test_sweep_skips_a_row_being_heartbeated_without_waiting(
+    queue: Queue, dsn: str, admin: psycopg.Connection[Any]
+) -> None:
+    """A heartbeat in flight holds the row lock; the sweeper must skip it, not block or win."""
+    job_id = queue.enqueue({})
+    [job] = queue.claim(worker="w1", lease=30)
+    expire(admin, queue.schema, job_id)
+    with psycopg.connect(dsn) as beat:
+        beat.execute(
+            sql.SQL(
+                "UPDATE {}.jobs SET locked_until = now() + interval '1 minute' "
+                "WHERE id = %s AND lease_token = %s AND status = 'running'"
+            ).format(sql.Identifier(queue.schema)),
+            (job.id, job.lease_token),
+        )
+        # Transaction open: the heartbeat has not committed yet.
+        with psycopg.connect(dsn, autocommit=True) as sweeper:
+            sweeper.execute("SET lock_timeout = '2s'")  # a wait would fail loudly, not hang
+            q2 = sql.SQL(
+                "WITH e AS MATERIALIZED (SELECT id FROM {s}.jobs WHERE status = 'running' "
+                "AND locked_until < now() FOR UPDATE SKIP LOCKED) SELECT count(*) FROM e"
+            ).format(s=sql.Identifier(queue.schema))
+            assert sweeper.execute(q2).fetchone() == (0,)
+        assert queue.sweep() == 0
+        beat.commit()
+    queue.complete(job)
+
+
+def test_concurrent_sweepers_return_each_job_once(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    queue.enqueue_many([{"n": i} for i in range(600)])
+    claimed = queue.claim(worker="dead", limit=600, lease=30)
+    assert len(claimed) == 600
+    admin.execute(
+        sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1 second'").format(
+            sql.Identifier(queue.schema)
+        )
+    )
+    counts: list[int] = []
+    lock = threading.Lock()
+
+    def sweep() -> None:
+        with Queue(queue.settings.dsn, schema=queue.schema, max_size=1) as q:
+            n = q.sweep(limit=50)
+        with lock:
+            counts.append(n)
+
+    threads = [threading.Thread(target=sweep) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(counts) == 600
+    assert all(j.status == "pending" for j in (queue.get(c.id) for c in claimed) if j)
+
+
+def test_fail_retries_with_backoff_then_fails(queue: Queue) -> None:
+    job_id = queue.enqueue({}, max_attempts=2)
+    [job] = queue.claim(worker="w")
+    assert queue.fail(job, "boom", delay=60) == "pending"
+    retried = queue.get(job_id)
+    assert retried is not None and retried.last_error == "boom"
+    assert retried.run_at > datetime.now(UTC) + timedelta(seconds=50)
+    assert queue.claim(worker="w") == []  # not due yet
+    with queue.connection() as c:
+        c.execute(
+            sql.SQL("UPDATE {}.jobs SET run_at = now() WHERE id = %s").format(
+                sql.Identifier(queue.schema)
+            ),
+            (job_id,),
+        )
+    [again] = queue.claim(worker="w")
+    assert again.attempts == 2
+    assert queue.fail(again, "boom again") == "failed"  # attempts exhausted
+    final = queue.get(job_id)
+    assert final is not None and final.status == "failed" and final.finished_at is not None
+
+
+def test_fail_without_retry_ends_at_once(queue: Queue) -> None:
+    job_id = queue.enqueue({}, max_attempts=10)
+    [job] = queue.claim(worker="w")
+    assert queue.fail(job, "permanent", retry=False) == "failed"
+    final = queue.get(job_id)
+    assert final is not None and final.status == "failed" and final.attempts == 1
+
+
+def test_default_backoff_comes_from_the_policy(queue: Queue) -> None:
+    job_id = queue.enqueue({})
+    [job] = queue.claim(worker="w")
+    queue.fail(job, "x")
+    got = queue.get(job_id)
+    assert got is not None and got.status == "pending"
+    # RetryPolicy defaults: 1 s after the first attempt, +-20 % jitter
+    assert got.run_at > datetime.now(UTC) + timedelta(seconds=0.5)
+
+
+def test_release_gives_the_attempt_back(queue: Queue) -> None:
+    job_id = queue.enqueue({})
+    [job] = queue.claim(worker="w")
+    queue.release(job)
+    got = queue.get(job_id)
+    assert got is not None and got.status == "pending" and got.attempts == 0
+    [again] = queue.claim(worker="w2")
+    assert again.attempts == 1
+    with pytest.raises(LeaseLost):
+        queue.release(job)
+
+
+def test_idempotency_key_dedups(queue: Queue) -> None:
+    a = queue.enqueue({"v": 1}, idempotency_key="invoice-7")
+    b = queue.enqueue({"v": 2}, idempotency_key="invoice-7")
+    c = queue.enqueue({"v": 3}, idempotency_key="invoice-7", queue="other")
+    assert a == b != c
+    [job] = queue.claim(worker="w")
+    assert job.idempotency_key == "invoice-7" and job.payload == {"v": 1}
+
+
+def test_idempotency_key_under_concurrent_enqueue(queue: Queue) -> None:
+    ids: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def go() -> None:
+        with Queue(queue.settings.dsn, schema=queue.schema, max_size=1) as q:
+            barrier.wait()
+            got = q.enqueue({}, idempotency_key="same")
+        with lock:
+            ids.append(got)
+
+    threads = [threading.Thread(target=go) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 1
+    assert len(queue.claim(worker="w", limit=10)) == 1
+
+
+def test_enqueue_many_copy(queue: Queue) -> None:
+    ids = queue.enqueue_many([{"n": i} for i in range(1000)], queue="bulk", priority=3)
+    assert len(ids) == len(set(ids)) == 1000
+    jobs = queue.claim(worker="w", queue="bulk", limit=1000)
+    assert sorted(j.id for j in jobs) == sorted(ids)
+    assert {j.payload["n"] for j in jobs} == set(range(1000))
+    assert {j.priority for j in jobs} == {3}
+    assert queue.enqueue_many([]) == []
+
+
+def test_enqueue_many_with_keys(queue: Queue) -> None:
+    first = queue.enqueue({}, idempotency_key="k1")
+    ids = queue.enqueue_many([1, 2, 3, 4], idempotency_keys=["k1", "k2", "k2", None])
+    assert ids[0] == first
+    assert ids[1] == ids[2] != ids[3]
+    assert len(queue.claim(worker="w", limit=10)) == 3
+
+
+def test_enqueue_in_the_callers_transaction(queue: Queue, dsn: str) -> None:
+    with psycopg.connect(dsn) as app:
+        app.execute("CREATE TEMP TABLE invoices (id int)")
+        app.execute("INSERT INTO invoices VALUES (1)")
+        queue.enqueue({"invoice": 1}, conn=app)
+        app.rollback()
+        assert queue.claim(worker="w") == []  # rolled back with the business write
+        app.execute("CREATE TEMP TABLE invoices (id int)")
+        app.execute("INSERT INTO invoices VALUES (2)")
+        job_id = queue.enqueue({"invoice": 2}, conn=app)
+        assert queue.get(job_id) is None  # not visible before commit
+        app.commit()
+    [job] = queue.claim(worker="w")
+    assert job.payload == {"invoice": 2}
+
+
+def test_bad_inputs_write_nothing(queue: Queue) -> None:
+    with pytest.raises(PayloadError):
+        queue.enqueue({"when": datetime.now()})
+    with pytest.raises(PayloadError):
+        queue.enqueue("nul\x00byte")
+    with pytest.raises(PayloadError, match="payload #2"):
+        queue.enqueue_many([1, 2, object()])
+    with pytest.raises(ConfigError):
+        queue.enqueue({}, queue="bad queue")
+    with pytest.raises(ConfigError):
+        queue.enqueue({}, queue="x'); DROP TABLE jobs; --")
+    with pytest.raises(ValueError):
+        queue.enqueue({}, max_attempts=0)
+    small = Queue(queue.settings.dsn, schema=queue.schema, max_payload_bytes=100, max_size=1)
+    with pytest.raises(PayloadError, match="over the limit"):
+        small.enqueue("x" * 200)
+    small.close()
+    assert queue.status() == []
+
+
+def test_unmigrated_schema_is_a_clear_error(dsn: str) -> None:
+    with (
+        Queue(dsn, schema="skiplock_never_migrated", max_size=1) as q,
+        pytest.raises(ConfigError, match="skiplock migrate"),
+    ):
+        q.enqueue({})
+
+
+def test_unreachable_dsn_is_a_clear_error() -> None:
+    with pytest.raises(DatabaseUnavailable) as err:
+        Queue("postgresql://someone:hunter2@127.0.0.1:1/nowhere", connect_timeout=2)
+    assert "hunter2" not in str(err.value)
+    assert "127.0.0.1" in str(err.value)
+
+
+def test_job_dataclass_is_frozen(queue: Queue) -> None:
+    queue.enqueue({})
+    [job] = queue.claim(worker="w")
+    with pytest.raises(AttributeError):
+        job.lease_token = None  # type: ignore[misc]
+    assert isinstance(job, Job)
