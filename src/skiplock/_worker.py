@@ -103,6 +103,11 @@ class Worker:
     shutdown_grace
         On stop, seconds running handlers get to finish.  Unstarted jobs are
         released at once, with their attempt given back.
+    on_event
+        ``f(event, job)`` for metrics and histories, called after the fact:
+        ``claimed``, ``started``, ``completed`` (the fenced write committed),
+        ``retried``, ``failed``, ``released``, ``timed_out``, ``lease_lost``.
+        It runs on the worker's own threads: keep it quick; exceptions are logged.
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class Worker:
         listen: bool = True,
         prefetch: int = 0,
         shutdown_grace: float = 30.0,
+        on_event: Callable[[str, Job], None] | None = None,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -152,6 +158,7 @@ class Worker:
         self.prefetch = max(0, prefetch)
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
+        self._on_event = on_event
 
         app = f"skiplock-worker:{self.name}"
         self._settings: QueueSettings = replace(queue.settings, application_name=app, op_retries=2)
@@ -234,6 +241,7 @@ class Worker:
             now = time.monotonic()
             for job in self._pool.reap(now):
                 self.stats.add(timed_out=1)
+                self._emit("timed_out", job)
                 self._results.put((job, Outcome("retry", f"timed out after {self.job_timeout:g}s")))
             if now >= next_sweep:
                 self._sweep()
@@ -284,6 +292,7 @@ class Worker:
                 for job in jobs:
                     self._inflight[job.id] = job
             for job in jobs:
+                self._emit("claimed", job)
                 self._pool.submit(job)
         self._rotation = (self._rotation + 1) % n
         return more
@@ -303,7 +312,16 @@ class Worker:
 
     # -- handlers ------------------------------------------------------------------------
 
+    def _emit(self, event: str, job: Job) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event, job)
+        except Exception:
+            logger.exception("on_event hook failed for %s of job %s", event, job.id)
+
     def _run_one(self, job: Job) -> Outcome:
+        self._emit("started", job)
         return run_handler(self._handlers[job.queue], job, self.job_timeout)
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
@@ -375,12 +393,22 @@ class Worker:
             lost += res.lost
             self.stats.add(completed=len(res.done))
             self._forget(done)
+            for job in done:
+                self._emit("completed" if job.id in res.done else "lease_lost", job)
         if failed:
             res = self._q.fail_many(failed)
             lost += res.lost
             retried = sum(1 for r in res.done.values() if r["status"] == "pending")
             self.stats.add(retried=retried, failed=len(res.done) - retried)
             self._forget([j for j, *_ in failed])
+            for job, *_ in failed:
+                r = res.done.get(job.id)
+                self._emit(
+                    "lease_lost"
+                    if r is None
+                    else ("retried" if r["status"] == "pending" else "failed"),
+                    job,
+                )
         if lost:
             self.stats.add(lease_lost=len(lost))
             logger.warning(
@@ -413,6 +441,10 @@ class Worker:
                 self.name,
                 ", ".join(map(str, res.lost)),
             )
+            lost_ids = set(res.lost)
+            for job in jobs:
+                if job.id in lost_ids:
+                    self._emit("lease_lost", job)
             with self._inflight_lock:
                 for job_id in res.lost:
                     self._inflight.pop(job_id, None)
@@ -471,6 +503,8 @@ class Worker:
             try:
                 res = self._q.release_many(jobs)
                 self.stats.add(released=len(res.done), lease_lost=len(res.lost))
+                for job in jobs:
+                    self._emit("released" if job.id in res.done else "lease_lost", job)
                 self._forget(jobs)
                 return
             except _DB_ERRORS as exc:

@@ -206,6 +206,7 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     "--handler", "handler_path", required=True, help="module:function called with each Job."
 )
 @click.option("--concurrency", default=4, show_default=True, help="Handlers running at once.")
+@click.option("--prefetch", default=0, show_default=True, help="Jobs claimed beyond free capacity.")
 @click.option(
     "--lease", default=30.0, show_default=True, help="Seconds a claim lasts without heartbeat."
 )
@@ -256,6 +257,7 @@ def worker(
     queues: tuple[str, ...],
     handler_path: str,
     concurrency: int,
+    prefetch: int,
     lease: float,
     heartbeat_interval: float | None,
     job_timeout: float | None,
@@ -292,6 +294,7 @@ def worker(
             handler,
             queues=list(queues),
             concurrency=concurrency,
+            prefetch=prefetch,
             lease=lease,
             heartbeat_interval=heartbeat_interval,
             name=name,

@@ -298,3 +298,24 @@ def test_unknown_queue_in_mapping(queue: Queue) -> None:
 
     with pytest.raises(ConfigError, match="no handler for queue"):
         Worker(queue, {"emails": lambda job: None}, queues=["sms"])
+
+
+def test_on_event_hook_sees_the_life_of_each_job(queue: Queue) -> None:
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def on_event(event: str, job: Job) -> None:
+        with lock:
+            events.append((event, job.id))
+
+    def handler(job: Job) -> None:
+        if job.payload == "bad":
+            raise Fail("no")
+
+    good = queue.enqueue("good")
+    bad = queue.enqueue("bad")
+    with running(Worker(queue, handler, concurrency=2, on_event=on_event)):
+        wait_until(lambda: counts(queue).get("done") == 1 and counts(queue).get("failed") == 1)
+        wait_until(lambda: len(events) == 6)
+    assert [e for e, i in events if i == good] == ["claimed", "started", "completed"]
+    assert [e for e, i in events if i == bad] == ["claimed", "started", "failed"]
