@@ -92,6 +92,10 @@ class Worker:
         queue's backoff until attempts run out.
     concurrency
         Handlers running at once; the worker claims up to the free capacity.
+    prefetch
+        Jobs claimed beyond ``concurrency`` so the next job is ready when a handler
+        frees up; default ``concurrency // 4``.  Prefetched jobs hold a lease
+        (heartbeated) and are released, attempt given back, at shutdown.
     lease
         Seconds a claim lasts without a heartbeat; heartbeats every ``lease / 3``.
         A dead worker's jobs run again after at most ``lease + sweep_interval``.
@@ -124,7 +128,7 @@ class Worker:
         sweep_interval: float = 2.0,
         job_timeout: float | None = None,
         listen: bool = True,
-        prefetch: int = 0,
+        prefetch: int | None = None,
         shutdown_grace: float = 30.0,
         on_event: Callable[[str, Job], None] | None = None,
     ) -> None:
@@ -155,7 +159,14 @@ class Worker:
         self.sweep_interval = sweep_interval
         self.job_timeout = job_timeout
         self.listen = listen
-        self.prefetch = max(0, prefetch)
+        # A small prefetch keeps handler threads fed while the next claim is in flight;
+        # it stays small because prefetched jobs wait behind running ones.
+        self.prefetch = concurrency // 4 if prefetch is None else max(0, prefetch)
+        self.capacity = concurrency + self.prefetch
+        # Once a claim came back full (more work waiting), refill in batches of at
+        # least this many: one claim per finished job would be a round trip per job.
+        self._refill_batch = max(1, self.capacity // 2)
+        self._more = False
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
         self._on_event = on_event
@@ -246,11 +257,11 @@ class Worker:
             if now >= next_sweep:
                 self._sweep()
                 next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
-            free = self.concurrency + self.prefetch - self._pool.load()
-            saturated = False
-            if free > 0:
+            free = self.capacity - self._pool.load()
+            saturated = self._more
+            if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
-                    saturated = self._claim_some(free)
+                    saturated = self._more = self._claim_some(free)
                     failures = 0
                 except _DB_ERRORS as exc:
                     failures += 1
@@ -268,8 +279,8 @@ class Worker:
         timeout = self.poll_interval
         if self.job_timeout:
             timeout = min(timeout, max(self.job_timeout / 4, 0.05))
-        if saturated and self._pool.load() < self.concurrency + self.prefetch:
-            return  # a full batch came back and there is room: claim again at once
+        if saturated and self.capacity - self._pool.load() >= self._refill_batch:
+            return  # more work is waiting and a batch fits: claim again at once
         self._wake.wait(timeout)
         self._wake.clear()
 
@@ -326,7 +337,11 @@ class Worker:
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
         self._results.put((job, outcome))
-        self._wake.set()
+        assert self._pool is not None
+        # Wake the claim loop only when a refill batch fits and work is known to wait;
+        # new work otherwise arrives by NOTIFY or the poll.
+        if self._more and self.capacity - self._pool.load() >= self._refill_batch:
+            self._wake.set()
 
     # -- writer: fenced writes and heartbeats --------------------------------------------
 

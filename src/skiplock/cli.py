@@ -328,7 +328,9 @@ def worker(
 
 # Commands of the optional parts (lab, audit, chaos, demo) register below; each lives in
 # its own package and uses only the public API of the core.
+from .lab._cli import race  # noqa: E402
 
+main.add_command(race)
 
 
 

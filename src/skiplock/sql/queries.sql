@@ -41,7 +41,8 @@ RETURNING j.*;
 UPDATE {schema}.jobs AS j
 SET status       = 'done',
     finished_at  = now(),
-    locked_until = NULL
+    locked_until = NULL,
+    completions  = j.completions + 1  -- verify's record; the fence keeps it at 1
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token

@@ -1,0 +1,30 @@
+"""Handlers for the acceptance tests, imported by `skiplock worker --handler handlers:...`.
+
+Each execution is recorded in the test's own table, on its own connection, so the test
+can see which process ran which attempt even after SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psycopg
+from psycopg import sql
+
+from skiplock import Job
+
+
+def record(job: Job) -> None:
+    schema = os.environ["ACCEPT_SCHEMA"]
+    with psycopg.connect(os.environ["SKIPLOCK_DSN"], autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {}.executions (job_id, attempt, pid) VALUES (%s, %s, %s)").format(
+                sql.Identifier(schema)
+            ),
+            (job.id, job.attempts, os.getpid()),
+        )
+    sleep = job.payload.get("sleep_first", 0) if job.attempts == 1 else 0
+    sleep = sleep or job.payload.get("sleep", 0)
+    if sleep:
+        time.sleep(sleep)
