@@ -1,0 +1,74 @@
+"""The race lab: claim strategies, a two-session step driver, and ``skiplock race``.
+
+It exists to show, on a real server, why skiplock claims the way it does: the
+postmortem's naive claim hands jobs out twice, plain ``FOR UPDATE`` makes workers wait
+on each other, ``SERIALIZABLE`` turns collisions into retries, and ``SKIP LOCKED`` does
+none of these.  The lab uses skiplock's public API plus its own SQL; the core knows
+nothing of it.
+"""
+
+from ._race import RaceError, RaceResult, race_strategy, run_race
+from ._replay import Timeline, replay
+from ._steps import (
+    Event,
+    Permutation,
+    Session,
+    SpecStep,
+    StepBlocked,
+    StepDriver,
+    StepError,
+    StepHandle,
+    StepNotBlocked,
+    StepResult,
+    StepTimeout,
+    run_permutation,
+)
+from ._strategies import (
+    DEFAULT_STRATEGY,
+    STRATEGIES,
+    ClaimContext,
+    ClaimOutcome,
+    ClaimStep,
+    Strategy,
+    claim_transaction,
+    custom_strategy,
+    get_strategy,
+    lab_statement,
+    run_steps,
+    scratch_schema,
+    seed_scratch,
+)
+
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "STRATEGIES",
+    "ClaimContext",
+    "ClaimOutcome",
+    "ClaimStep",
+    "Event",
+    "Permutation",
+    "RaceError",
+    "RaceResult",
+    "Session",
+    "SpecStep",
+    "StepBlocked",
+    "StepDriver",
+    "StepError",
+    "StepHandle",
+    "StepNotBlocked",
+    "StepResult",
+    "StepTimeout",
+    "Strategy",
+    "Timeline",
+    "claim_transaction",
+    "custom_strategy",
+    "get_strategy",
+    "lab_statement",
+    "race_strategy",
+    "replay",
+    "run_permutation",
+    "run_race",
+    "run_steps",
+    "scratch_schema",
+    "seed_scratch",
+]
