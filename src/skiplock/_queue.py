@@ -266,10 +266,21 @@ class Queue(QueueBase):
     # -- consumers -----------------------------------------------------------------------
 
     def claim(
-        self, *, worker: str, queue: str = "default", limit: int = 1, lease: float = 30.0
+        self,
+        *,
+        worker: str,
+        queue: str = "default",
+        limit: int = 1,
+        lease: float = 30.0,
+        conn: psycopg.Connection[Any] | None = None,
     ) -> list[Job]:
-        """Take up to ``limit`` due jobs, committed, each with a fresh lease token."""
-        return list(self._execute(self._claim_op(worker, queue, limit, lease), what="claim"))
+        """Take up to ``limit`` due jobs, committed, each with a fresh lease token.
+
+        With ``conn`` the claim joins that connection's transaction and commits with
+        it (the "hold the lock for the whole job" pattern); the caller owns errors.
+        """
+        make = self._claim_op(worker, queue, limit, lease)
+        return list(self._execute(make, conn=conn, what="claim"))
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> datetime:
         """Extend the job's lease to now + ``lease``; returns the new expiry."""

@@ -112,6 +112,9 @@ class Worker:
         ``claimed``, ``started``, ``completed`` (the fenced write committed),
         ``retried``, ``failed``, ``released``, ``timed_out``, ``lease_lost``.
         It runs on the worker's own threads: keep it quick; exceptions are logged.
+    retention
+        If set, delete jobs finished more than this many seconds ago, a small batch
+        every ``prune_interval`` seconds (``skiplock prune`` does the same once).
     """
 
     def __init__(
@@ -131,6 +134,8 @@ class Worker:
         prefetch: int | None = None,
         shutdown_grace: float = 30.0,
         on_event: Callable[[str, Job], None] | None = None,
+        retention: float | None = None,
+        prune_interval: float = 60.0,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -170,6 +175,8 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
         self._on_event = on_event
+        self.retention = retention
+        self.prune_interval = prune_interval
 
         app = f"skiplock-worker:{self.name}"
         self._settings: QueueSettings = replace(queue.settings, application_name=app, op_retries=2)
@@ -247,6 +254,7 @@ class Worker:
     def _claim_loop(self) -> None:
         assert self._q is not None and self._pool is not None
         next_sweep = time.monotonic() + random.uniform(0, self.sweep_interval)
+        next_prune = time.monotonic() + random.uniform(0, self.prune_interval)
         failures = 0
         while not self._stopping.is_set():
             now = time.monotonic()
@@ -257,6 +265,9 @@ class Worker:
             if now >= next_sweep:
                 self._sweep()
                 next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
+            if self.retention is not None and now >= next_prune:
+                self._prune()
+                next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
             free = self.capacity - self._pool.load()
             saturated = self._more
             if free > 0 and (not self._more or free >= self._refill_batch):
@@ -320,6 +331,18 @@ class Worker:
             self.stats.add(sweeps_recovered=n)
             logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
             self._wake.set()
+
+    def _prune(self) -> None:
+        assert self._q is not None and self.retention is not None
+        try:
+            # A few small batches per round: retention keeps up without long deletes.
+            n = self._q.prune(older_than=self.retention, limit=500, max_batches=4)
+        except _DB_ERRORS as exc:
+            self.stats.add(db_errors=1)
+            logger.debug("prune failed: %s", _one_line(exc))
+            return
+        if n:
+            logger.debug("worker %s: pruned %d finished job(s)", self.name, n)
 
     # -- handlers ------------------------------------------------------------------------
 

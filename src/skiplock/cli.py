@@ -266,6 +266,7 @@ def worker(
     sweep_interval: float,
     no_listen: bool,
     shutdown_grace: float,
+    retention: float | None,
     do_migrate: bool,
     verbose: bool,
     dsn: str | None,
@@ -303,6 +304,7 @@ def worker(
             job_timeout=job_timeout,
             listen=not no_listen,
             shutdown_grace=shutdown_grace,
+            retention=retention,
         )
         signals = {"n": 0}
 
@@ -331,6 +333,8 @@ def worker(
 from .lab._cli import race  # noqa: E402
 
 main.add_command(race)
+
+
 
 
 

@@ -319,3 +319,11 @@ def test_on_event_hook_sees_the_life_of_each_job(queue: Queue) -> None:
         wait_until(lambda: len(events) == 6)
     assert [e for e, i in events if i == good] == ["claimed", "started", "completed"]
     assert [e for e, i in events if i == bad] == ["claimed", "started", "failed"]
+
+
+def test_worker_retention_prunes_finished_jobs(queue: Queue) -> None:
+    queue.enqueue_many([{}] * 30)
+    w = Worker(queue, lambda job: None, concurrency=4, retention=0.0, prune_interval=0.05)
+    with running(w):
+        wait_until(lambda: counts(queue) == {}, what="finished jobs pruned")
+    assert w.stats.completed == 30
