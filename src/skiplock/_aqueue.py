@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
@@ -53,6 +54,15 @@ async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
         await cur.close()
 
 
+async def _acheck_idle_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Async twin of ``_queue._check_idle_connection``: ping only a suspect connection."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        await AsyncConnectionPool.check_connection(conn)
+
+
 class AsyncQueue(QueueBase):
     """The asyncio twin of Queue, for async web handlers and async workers.
 
@@ -101,7 +111,7 @@ class AsyncQueue(QueueBase):
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
-            check=AsyncConnectionPool.check_connection if self._check else None,
+            check=_acheck_idle_connection if self._check else None,
             reconnect_timeout=0,
             name=f"skiplock-async-{s.application_name}",
             open=False,

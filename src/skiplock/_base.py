@@ -37,19 +37,24 @@ MakeOp = Callable[[bool], Op[Any]]
 class QueueSettings:
     """Everything a queue object needs besides its connections; cheap to copy."""
 
-    dsn: str
+    dsn: str = field(repr=False)  # may carry a password; display_dsn is the safe form
     schema: str = DEFAULT_SCHEMA
     application_name: str = "skiplock"
     max_payload_bytes: int = _ops.DEFAULT_MAX_PAYLOAD_BYTES
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     connect_timeout: float = 10.0
     op_retries: int = 6
+    # Workers turn this off on their own connections: see Worker(synchronous_commit=).
+    synchronous_commit: bool = True
 
     @classmethod
     def build(cls, dsn: str | None, **kwargs: Any) -> QueueSettings:
         resolved = resolve_dsn(dsn)
         resolved = check_dsn(resolved) if resolved is not None else embedded_dsn()
         validate_schema(kwargs.get("schema", DEFAULT_SCHEMA))
+        limit = kwargs.get("max_payload_bytes", _ops.DEFAULT_MAX_PAYLOAD_BYTES)
+        if type(limit) is not int or limit < 1:
+            raise ConfigError(f"max_payload_bytes must be a positive integer, not {limit!r}")
         return cls(dsn=resolved, **kwargs)
 
     @property
@@ -57,11 +62,14 @@ class QueueSettings:
         return redact_dsn(self.dsn)
 
     def connect_kwargs(self) -> dict[str, Any]:
-        return {
+        kwargs: dict[str, Any] = {
             "autocommit": True,
             "application_name": self.application_name[:63],
             "connect_timeout": max(1, int(self.connect_timeout)),
         }
+        if not self.synchronous_commit:
+            kwargs["options"] = "-c synchronous_commit=off"
+        return kwargs
 
 
 def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
@@ -140,6 +148,7 @@ class QueueBase:
     ) -> MakeOp:
         validate_queue(queue)
         _check_attempts(max_attempts)
+        _check_priority(priority)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
@@ -164,6 +173,7 @@ class QueueBase:
     ) -> MakeOp:
         validate_queue(queue)
         _check_attempts(max_attempts)
+        _check_priority(priority)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
         texts = []
@@ -189,8 +199,10 @@ class QueueBase:
 
     def _claim_op(self, worker: str, queue: str, limit: int, lease: float) -> MakeOp:
         validate_queue(queue)
-        if not isinstance(worker, str) or not worker or len(worker) > 200:
-            raise ConfigError("worker name must be a non-empty string of at most 200 characters")
+        if not isinstance(worker, str) or not worker or len(worker) > 200 or "\x00" in worker:
+            raise ConfigError(
+                "worker name must be a non-empty string of at most 200 characters, without NUL"
+            )
         if limit < 1:
             raise ValueError("limit must be at least 1")
         _check_lease(lease)
@@ -208,9 +220,11 @@ class QueueBase:
     ) -> dict[str, Any]:
         policy = self.settings.retry_policy
         return {
-            "errors": [e for _, e, _, _ in items],
+            # Handler text: text columns cannot hold NUL, and a write that fails on it
+            # would be retried forever while heartbeats keep the job running.
+            "errors": [None if e is None else e.replace("\x00", "\\x00") for _, e, _, _ in items],
             "delays": [
-                policy.delay(j.attempts) if d is None else max(float(d), 0.0)
+                _clamp_delay(policy.delay(j.attempts) if d is None else float(d))
                 for j, _, d, _ in items
             ],
             "retries": [bool(r) for _, _, _, r in items],
@@ -231,14 +245,30 @@ class QueueBase:
         return lambda _after: _single(self._stmts.cancel, {"id": job_id})
 
 
+# Longest lease or retry delay: now() plus this stays far inside timestamptz's range.
+MAX_DELAY_SECONDS = 100 * 365 * 86400.0
+_INT4_MAX = 2**31 - 1
+
+
 def _check_attempts(max_attempts: int) -> None:
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError("max_attempts must be a positive integer")
+    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= _INT4_MAX:
+        raise ValueError(f"max_attempts must be an integer from 1 to {_INT4_MAX}")
+
+
+def _check_priority(priority: int) -> None:
+    if not -_INT4_MAX - 1 <= int(priority) <= _INT4_MAX:
+        raise ValueError(f"priority must be an integer from {-_INT4_MAX - 1} to {_INT4_MAX}")
 
 
 def _check_lease(lease: float) -> None:
-    if not lease > 0:
-        raise ValueError("lease must be a positive number of seconds")
+    # `not 0 < x` also refuses NaN.
+    if not 0 < lease <= MAX_DELAY_SECONDS:
+        raise ValueError("lease must be a positive, finite number of seconds (at most 100 years)")
+
+
+def _clamp_delay(delay: float) -> float:
+    """A retry delay the database can add to now(): NaN and negatives are 0, inf is 100y."""
+    return min(delay, MAX_DELAY_SECONDS) if delay > 0 else 0.0
 
 
 def _check_key(key: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import select
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -32,6 +34,19 @@ __all__ = ["Queue", "run_op"]
 T = TypeVar("T")
 
 
+@contextmanager
+def _translated(settings: QueueSettings) -> Iterator[None]:
+    """skiplock's own errors from statements run outside ``_execute`` (the CLI prints
+    those as one line; a raw driver error would be a traceback)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        mapped = translate_error(exc, settings)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
 def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drive an I/O-free operation to completion on ``conn``."""
     cur = conn.cursor(row_factory=dict_row)
@@ -54,6 +69,21 @@ def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
         cur.close()
 
 
+def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
+    """Reject a pooled connection the server closed while it sat idle, cheaply.
+
+    A backend that is terminated or shut down sends an error before closing, so an
+    idle connection with bytes waiting to be read is suspect: only then pay for a
+    round trip.  The hot path costs one zero-timeout select() instead of a ping, and
+    a non-idempotent enqueue is not sent down a dead connection after a restart.
+    """
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)
+
+
 class Queue(QueueBase):
     """A skiplock queue on one Postgres schema.  Safe to share between threads.
 
@@ -69,8 +99,9 @@ class Queue(QueueBase):
     max_size
         Connections in the pool.
     check_connections
-        Test a pooled connection before use.  Costs a round trip, and saves a
-        non-idempotent enqueue from failing on a connection that died while idle.
+        Before lending a pooled connection, check (with a zero-timeout select, and
+        a round trip only if the server sent something while it was idle) that the
+        server has not closed it, so an enqueue is not lost to a dead connection.
     """
 
     def __init__(
@@ -141,7 +172,7 @@ class Queue(QueueBase):
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
-            check=ConnectionPool.check_connection if self._check else None,
+            check=_check_idle_connection if self._check else None,
             reconnect_timeout=0,  # never give up reconnecting in the background
             name=f"skiplock-{s.application_name}",
             open=False,
@@ -218,7 +249,7 @@ class Queue(QueueBase):
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the versions applied (idempotent)."""
-        with self.connection() as conn:
+        with _translated(self.settings), self.connection() as conn:
             return _migrate.migrate(conn, self.schema)
 
     # -- producers -----------------------------------------------------------------------
@@ -362,7 +393,7 @@ class Queue(QueueBase):
         """Delete finished jobs older than ``older_than`` seconds, ``limit`` rows at a time."""
         total, batches = 0, 0
         while max_batches is None or batches < max_batches:
-            with self.connection() as c:
+            with _translated(self.settings), self.connection() as c:
                 cur = c.execute(
                     self._stmts.prune, {"older_than": float(older_than), "limit": limit}
                 )
@@ -383,7 +414,7 @@ class Queue(QueueBase):
 
     def status(self, *, attempts_alert: int = 3) -> list[dict[str, Any]]:
         """Counts per queue and status, oldest pending age, expired leases, high attempts."""
-        with self.connection() as c:
+        with _translated(self.settings), self.connection() as c:
             cur = c.cursor(row_factory=dict_row)
             rows: list[dict[str, Any]] = cur.execute(
                 self._stmts.status, {"attempts_alert": attempts_alert}

@@ -112,6 +112,15 @@ class Worker:
         ``claimed``, ``started``, ``completed`` (the fenced write committed),
         ``retried``, ``failed``, ``released``, ``timed_out``, ``lease_lost``.
         It runs on the worker's own threads: keep it quick; exceptions are logged.
+    synchronous_commit
+        Off by default on the worker's own connections (claims, heartbeats, fenced
+        writes; enqueues elsewhere stay synchronous).  A commit then returns before
+        its WAL reaches disk, saving a flush per round trip.  What a database crash
+        can lose is safe to lose here: a lost claim or heartbeat is a lost lease (the
+        fence rejects the worker's later writes, the job is pending or swept again),
+        and a lost completion leaves the job running until the sweeper returns it, so
+        it runs again: at-least-once, never lost.  A clean restart loses nothing.
+        Turn it on if a repeat after a server crash costs more than the flush.
     retention
         If set, delete jobs finished more than this many seconds ago, a small batch
         every ``prune_interval`` seconds (``skiplock prune`` does the same once).
@@ -136,6 +145,7 @@ class Worker:
         on_event: Callable[[str, Job], None] | None = None,
         retention: float | None = None,
         prune_interval: float = 60.0,
+        synchronous_commit: bool = False,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -179,7 +189,12 @@ class Worker:
         self.prune_interval = prune_interval
 
         app = f"skiplock-worker:{self.name}"
-        self._settings: QueueSettings = replace(queue.settings, application_name=app, op_retries=2)
+        self._settings: QueueSettings = replace(
+            queue.settings,
+            application_name=app,
+            op_retries=2,
+            synchronous_commit=synchronous_commit,
+        )
         self._q: Queue | None = None
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()

@@ -356,3 +356,28 @@ def test_job_dataclass_is_frozen(queue: Queue) -> None:
     with pytest.raises(AttributeError):
         job.lease_token = None  # type: ignore[misc]
     assert isinstance(job, Job)
+
+
+def test_enqueue_after_backends_were_terminated(dsn: str, schema: str, queue: Queue) -> None:
+    """Idle pooled connections killed by the server are noticed before an enqueue uses them."""
+    app = f"skiplock-test-terminate:{schema}"
+    with Queue(dsn, schema=schema, application_name=app, min_size=3, max_size=3) as q:
+        q.enqueue({"warm": True})
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            row = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (app,),
+            ).fetchone()
+            assert row is not None and row[0] >= 1
+            # Wait until the server has really closed them (state observed, not slept on).
+            for _ in range(500):
+                left = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)
+                ).fetchone()
+                if left == (0,):
+                    break
+                threading.Event().wait(0.01)
+        ids = [q.enqueue({"n": n}) for n in range(5)]  # no key: must not be retried blindly
+    assert len(set(ids)) == 5
+    assert len(queue.claim(worker="w", limit=10)) == 6
