@@ -118,6 +118,8 @@ class HandlerPool:
         self._idle = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._serial = 0
+        # Moving average of handler run time; the worker sizes its prefetch from it.
+        self.mean_runtime = 1.0
         for _ in range(size):
             self._spawn()
 
@@ -147,7 +149,9 @@ class HandlerPool:
             with self._lock:
                 self._queued -= 1
                 self._running[job.id] = me
+            began = time.monotonic()
             outcome = self._run(job)
+            took = time.monotonic() - began
             with self._lock:
                 if me.abandoned:
                     logger.warning(
@@ -155,6 +159,7 @@ class HandlerPool:
                     )
                     return
                 del self._running[job.id]
+                self.mean_runtime += 0.05 * (took - self.mean_runtime)
                 self._idle.notify_all()
             self._on_done(job, outcome)
 

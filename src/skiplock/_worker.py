@@ -94,8 +94,10 @@ class Worker:
         Handlers running at once; the worker claims up to the free capacity.
     prefetch
         Jobs claimed beyond ``concurrency`` so the next job is ready when a handler
-        frees up; default ``concurrency // 4``.  Prefetched jobs hold a lease
-        (heartbeated) and are released, attempt given back, at shutdown.
+        frees up.  Default: adaptive, about the jobs handlers finish during one claim
+        round trip (none for slow jobs, up to ``2 * concurrency`` for fast ones).
+        Prefetched jobs hold a lease (heartbeated) and are released, attempt given
+        back, at shutdown.
     lease
         Seconds a claim lasts without a heartbeat; heartbeats every ``lease / 3``.
         A dead worker's jobs run again after at most ``lease + sweep_interval``.
@@ -174,13 +176,14 @@ class Worker:
         self.sweep_interval = sweep_interval
         self.job_timeout = job_timeout
         self.listen = listen
-        # A small prefetch keeps handler threads fed while the next claim is in flight;
-        # it stays small because prefetched jobs wait behind running ones.
-        self.prefetch = concurrency // 4 if prefetch is None else max(0, prefetch)
-        self.capacity = concurrency + self.prefetch
-        # Once a claim came back full (more work waiting), refill in batches of at
-        # least this many: one claim per finished job would be a round trip per job.
-        self._refill_batch = max(1, self.capacity // 2)
+        # Prefetch keeps handler threads fed while the next claim is in flight, but a
+        # prefetched job waits behind running ones (holding a lease another worker
+        # could have used).  So by default it adapts: about as many jobs as the
+        # handlers finish during one claim round trip, up to 2 x concurrency; zero for
+        # slow jobs, deep for no-op ones.  An explicit number fixes it.
+        self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
+        self._max_prefetch = 2 * concurrency
+        self._claim_rtt = 0.002
         self._more = False
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
@@ -206,6 +209,25 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._rotation = 0
         self._running = False
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs claimed beyond ``concurrency`` right now."""
+        if self._fixed_prefetch is not None:
+            return self._fixed_prefetch
+        runtime = self._pool.mean_runtime if self._pool is not None else 1.0
+        wanted = self.concurrency * self._claim_rtt / max(runtime, 1e-6)
+        return min(self._max_prefetch, int(wanted))
+
+    @property
+    def capacity(self) -> int:
+        return self.concurrency + self.prefetch
+
+    @property
+    def _refill_batch(self) -> int:
+        # Once a claim came back full (more work waiting), refill in batches of at
+        # least this many: one claim per finished job would be a round trip per job.
+        return max(1, self.capacity // 2)
 
     # -- public control ------------------------------------------------------------------
 
@@ -319,7 +341,9 @@ class Worker:
             if free <= 0 or self._stopping.is_set():
                 break
             name = self.queues[(self._rotation + i) % n]
+            began = time.monotonic()
             jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            self._claim_rtt += 0.1 * (time.monotonic() - began - self._claim_rtt)
             if not jobs:
                 continue
             more = more or len(jobs) == free
@@ -416,7 +440,9 @@ class Worker:
                 pass
             if pending:
                 try:
-                    self._write(pending)
+                    # A batch written again after a failed call may have committed
+                    # unseen: the retry must recheck, or it reports "lease lost".
+                    self._write(pending, recheck=failures > 0)
                     pending = []
                     failures = 0
                 except Exception as exc:
@@ -435,21 +461,22 @@ class Worker:
                 self._heartbeat()
                 next_beat = time.monotonic() + self.heartbeat_interval
 
-    def _write(self, batch: list[tuple[Job, Outcome]]) -> None:
+    def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
         """One statement for the completions, one for the failures; each fenced per job."""
         assert self._q is not None
         done = [job for job, o in batch if o.kind == "ok"]
         failed = [(job, o.error, o.delay, o.kind == "retry") for job, o in batch if o.kind != "ok"]
         lost: list[int] = []
         if done:
-            res = self._q.complete_many(done)
+            res = self._q.complete_many(done, _recheck=recheck)
             lost += res.lost
             self.stats.add(completed=len(res.done))
             self._forget(done)
             for job in done:
                 self._emit("completed" if job.id in res.done else "lease_lost", job)
+            batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
         if failed:
-            res = self._q.fail_many(failed)
+            res = self._q.fail_many(failed, _recheck=recheck)
             lost += res.lost
             retried = sum(1 for r in res.done.values() if r["status"] == "pending")
             self.stats.add(retried=retried, failed=len(res.done) - retried)

@@ -243,6 +243,9 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     help="Seconds running handlers get on SIGTERM.",
 )
 @click.option(
+    "--retention", default=None, type=float, help="Delete jobs finished this many seconds ago."
+)
+@click.option(
     "--migrate/--no-migrate",
     "do_migrate",
     default=True,
@@ -333,6 +336,10 @@ def worker(
 from .lab._cli import race  # noqa: E402
 
 main.add_command(race)
+
+from .audit._cli import audit  # noqa: E402
+
+main.add_command(audit)
 
 
 
