@@ -1,0 +1,10 @@
+-- expect: none
+-- Django-style: select_for_update(skip_locked=True) inside atomic(), then .update().
+SELECT "app_job"."id", "app_job"."status", "app_job"."payload"
+FROM "app_job"
+WHERE "app_job"."status" = %s
+ORDER BY "app_job"."id" ASC
+LIMIT 10
+FOR UPDATE SKIP LOCKED;
+UPDATE "app_job" SET "status" = %s, "worker" = %s, "locked_until" = %s
+WHERE "app_job"."id" IN (%s, %s, %s);
