@@ -16,7 +16,6 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ._base import (
     MakeOp,
     QueueBase,
-    QueueSettings,
     backoff,
     is_connection_error,
     translate_error,
@@ -83,18 +82,17 @@ class AsyncQueue(QueueBase):
         connect_timeout: float = 10.0,
         check_connections: bool = True,
     ) -> None:
-        settings = QueueSettings.build(
+        self._configure(
             dsn,
             schema=schema,
             application_name=application_name,
+            min_size=min_size,
+            max_size=max_size,
             max_payload_bytes=max_payload_bytes,
-            retry_policy=retry_policy or RetryPolicy(),
+            retry_policy=retry_policy,
             connect_timeout=connect_timeout,
+            check_connections=check_connections,
         )
-        self._init_base(settings)
-        self._min_size = min_size
-        self._max_size = max(max_size, min_size)
-        self._check = check_connections
         self._pool: AsyncConnectionPool | None = None
 
     async def open(self) -> None:
@@ -112,7 +110,9 @@ class AsyncQueue(QueueBase):
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
             check=_acheck_idle_connection if self._check else None,
-            reconnect_timeout=0,
+            # Retry with backoff while callers wait; 0 gives up after two immediate tries
+            # and leaves every waiting caller parked until its own timeout.
+            reconnect_timeout=300.0,
             name=f"skiplock-async-{s.application_name}",
             open=False,
         )

@@ -115,6 +115,33 @@ class QueueBase:
     settings: QueueSettings
     _stmts: Statements
 
+    def _configure(
+        self,
+        dsn: str | None,
+        *,
+        schema: str,
+        application_name: str,
+        min_size: int,
+        max_size: int,
+        max_payload_bytes: int,
+        retry_policy: RetryPolicy | None,
+        connect_timeout: float,
+        check_connections: bool,
+    ) -> None:
+        """The constructor arguments Queue and AsyncQueue share, checked once."""
+        settings = QueueSettings.build(
+            dsn,
+            schema=schema,
+            application_name=application_name,
+            max_payload_bytes=max_payload_bytes,
+            retry_policy=retry_policy or RetryPolicy(),
+            connect_timeout=connect_timeout,
+        )
+        self._init_base(settings)
+        self._min_size = min_size
+        self._max_size = max(max_size, min_size)
+        self._check = check_connections
+
     def _init_base(self, settings: QueueSettings) -> None:
         self.settings = settings
         self._stmts = statements(settings.schema)
@@ -211,9 +238,16 @@ class QueueBase:
         )
 
     def _fenced_op(
-        self, action: str, jobs: Sequence[Job], params: dict[str, Any] | None = None
+        self,
+        action: str,
+        jobs: Sequence[Job],
+        params: dict[str, Any] | None = None,
+        recheck: bool = False,
     ) -> MakeOp:
-        return lambda after: _ops.fenced(self._stmts, action, jobs, params, recheck=after)
+        # recheck: the caller repeats a write whose earlier call failed (outcome unknown).
+        return lambda after: _ops.fenced(
+            self._stmts, action, jobs, params, recheck=after or recheck
+        )
 
     def _fail_params(
         self, items: Sequence[tuple[Job, str | None, float | None, bool]]

@@ -118,18 +118,17 @@ class Queue(QueueBase):
         check_connections: bool = True,
         open: bool = True,
     ) -> None:
-        settings = QueueSettings.build(
+        self._configure(
             dsn,
             schema=schema,
             application_name=application_name,
+            min_size=min_size,
+            max_size=max_size,
             max_payload_bytes=max_payload_bytes,
-            retry_policy=retry_policy or RetryPolicy(),
+            retry_policy=retry_policy,
             connect_timeout=connect_timeout,
+            check_connections=check_connections,
         )
-        self._init_base(settings)
-        self._min_size = min_size
-        self._max_size = max(max_size, min_size)
-        self._check = check_connections
         self._pool: ConnectionPool | None = None
         if open:
             self.open()
@@ -173,7 +172,9 @@ class Queue(QueueBase):
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
             check=_check_idle_connection if self._check else None,
-            reconnect_timeout=0,  # never give up reconnecting in the background
+            # Retry with backoff while callers wait; 0 gives up after two immediate tries
+            # and leaves every waiting caller parked until its own timeout.
+            reconnect_timeout=300.0,
             name=f"skiplock-{s.application_name}",
             open=False,
         )
@@ -330,9 +331,13 @@ class Queue(QueueBase):
         """Mark the job done.  Raises LeaseLost (and changes nothing) if it is not ours."""
         self._raise_if_lost(self.complete_many([job], _count=False), "complete")
 
-    def complete_many(self, jobs: Sequence[Job], *, _count: bool = True) -> FenceResult:
+    def complete_many(
+        self, jobs: Sequence[Job], *, _count: bool = True, _recheck: bool = False
+    ) -> FenceResult:
         """Complete many jobs in one statement, each fenced by its own token."""
-        res: FenceResult = self._execute(self._fenced_op("complete", jobs), what="complete")
+        res: FenceResult = self._execute(
+            self._fenced_op("complete", jobs, recheck=_recheck), what="complete"
+        )
         if _count:
             self._count_lost(len(res.lost))
         return res
@@ -351,12 +356,16 @@ class Queue(QueueBase):
         return str(result.done[job.id]["status"])
 
     def fail_many(
-        self, items: Sequence[tuple[Job, str | None, float | None, bool]], *, _count: bool = True
+        self,
+        items: Sequence[tuple[Job, str | None, float | None, bool]],
+        *,
+        _count: bool = True,
+        _recheck: bool = False,
     ) -> FenceResult:
         """``fail`` for many jobs in one statement: (job, error, delay or None, retry)."""
         jobs = [it[0] for it in items]
         res: FenceResult = self._execute(
-            self._fenced_op("fail", jobs, self._fail_params(items)), what="fail"
+            self._fenced_op("fail", jobs, self._fail_params(items), _recheck), what="fail"
         )
         if _count:
             self._count_lost(len(res.lost))
