@@ -342,9 +342,5 @@ from .audit._cli import audit  # noqa: E402
 main.add_command(audit)
 
 
-
-
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
