@@ -22,8 +22,15 @@ def main() -> None:
 
 
 def _queue(dsn: str | None, schema: str, **kwargs: Any) -> Queue:
-    q = Queue(dsn, schema=schema, **kwargs)
-    return q
+    from ._config import resolve_dsn
+    from ._embedded import embedded_data_dir
+
+    if resolve_dsn(dsn) is None:
+        # Say where the data lives: a user who forgot --dsn should notice at once.
+        click.echo(
+            f"skiplock: no DSN given; using embedded PostgreSQL in {embedded_data_dir()}", err=True
+        )
+    return Queue(dsn, schema=schema, **kwargs)
 
 
 @main.command()
