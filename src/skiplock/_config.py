@@ -47,11 +47,12 @@ def check_dsn(dsn: str) -> str:
     """Parse ``dsn`` (URL or key=value form) and return it, or raise ConfigError."""
     try:
         conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        # libpq's message can quote the DSN back, password included: do not relay it.
+    except psycopg.ProgrammingError:
+        # libpq's message can quote the DSN back, password included: do not relay it, not
+        # even as the chained cause, which every traceback and logger.exception prints.
         raise ConfigError(
             f"malformed DSN {redact_dsn(dsn)!r}: not a libpq URL or key=value string"
-        ) from exc
+        ) from None
     return dsn
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg import sql
 
 from ._errors import ConfigError
@@ -35,6 +36,17 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[i
     takes a transaction-scoped advisory lock and the others wait for it, then find
     nothing left to do.  Idempotent.
     """
+    try:
+        return _migrate(conn, schema)
+    except pgerrors.InsufficientPrivilege as exc:
+        raise ConfigError(
+            f"cannot migrate schema {schema!r}: {exc.diag.message_primary or exc}; run "
+            "`skiplock migrate` as the schema's owner, and start producers and workers that "
+            "use the roles of `skiplock roles` with --no-migrate"
+        ) from None
+
+
+def _migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[int]:
     ident = sql.Identifier(schema)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY + schema,))

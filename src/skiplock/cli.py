@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from ._cli_common import dsn_option, echo_json, json_option, schema_option, user_errors
-from ._errors import PayloadError
+from ._config import validate_queue
+from ._errors import ConfigError, PayloadError
 from ._queue import Queue
 
 __all__ = ["main"]
@@ -62,6 +63,12 @@ def migrate(dsn: str | None, schema: str, as_json: bool) -> None:
     help="Idempotency key: a repeat returns the first job's id.",
 )
 @click.option(
+    "--max-payload-bytes",
+    default=1 << 20,
+    show_default=True,
+    help="Refuse payloads larger than this (UTF-8 bytes of the JSON text).",
+)
+@click.option(
     "--file",
     "payload_file",
     type=click.File("r"),
@@ -78,6 +85,7 @@ def enqueue(
     priority: int,
     max_attempts: int,
     idempotency_key: str | None,
+    max_payload_bytes: int,
     payload_file: Any,
     dsn: str | None,
     schema: str,
@@ -96,7 +104,7 @@ def enqueue(
             raise PayloadError(
                 f"{where} is not valid JSON: {exc.msg} at column {exc.colno}"
             ) from None
-    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+    with _queue(dsn, schema, min_size=1, max_size=1, max_payload_bytes=max_payload_bytes) as q:
         if len(docs) == 1:
             ids = [
                 q.enqueue(
@@ -296,6 +304,8 @@ def worker(
         stream=sys.stderr,
     )
     handler = load_handler(handler_path)
+    for queue_name in queues:
+        validate_queue(queue_name)  # before --migrate writes anything
     q = _queue(dsn, schema, min_size=1, max_size=1)
     try:
         if do_migrate:
@@ -338,6 +348,191 @@ def worker(
         q.close()
 
 
+@main.command()
+@click.option("--producer", default=None, help="Producer role [default: <schema>_producer].")
+@click.option(
+    "--worker", "worker_role", default=None, help="Worker role [default: <schema>_worker]."
+)
+@click.option("--login", is_flag=True, help="Let the roles log in (otherwise grant them to yours).")
+@click.option(
+    "--password-env",
+    default=None,
+    metavar="VAR",
+    help="Environment variable holding the password of both roles.",
+)
+@click.option("--producer-password-env", default=None, metavar="VAR", help="The producer's only.")
+@click.option("--worker-password-env", default=None, metavar="VAR", help="The worker's only.")
+@click.option("--print-sql", is_flag=True, help="Print the SQL instead of running it (no server).")
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def roles(
+    producer: str | None,
+    worker_role: str | None,
+    login: bool,
+    password_env: str | None,
+    producer_password_env: str | None,
+    worker_password_env: str | None,
+    print_sql: bool,
+    dsn: str | None,
+    schema: str,
+    as_json: bool,
+) -> None:
+    """Create least-privilege producer and worker roles and grant them (idempotent).
+
+    The producer may only enqueue; the worker may only read and update jobs (claim,
+    heartbeat, complete, fail, release, sweep).  Run it as the schema's owner after
+    `skiplock migrate`, and again after upgrades.  Passwords are read from environment
+    variables, never from the command line, and sent as SCRAM verifiers.
+    """
+    import os
+
+    from ._roles import default_role_names, ensure_roles, roles_script, validate_role
+
+    default_producer, default_worker = default_role_names(schema)
+    names = {
+        "producer": validate_role(default_producer if producer is None else producer),
+        "worker": validate_role(default_worker if worker_role is None else worker_role),
+    }
+    sources = {
+        "producer": producer_password_env or password_env,
+        "worker": worker_password_env or password_env,
+    }
+    if any(sources.values()) and not login:
+        raise click.UsageError("a password is only useful with --login")
+    if print_sql:
+        with_pw = tuple(names[k] for k, var in sources.items() if var)
+        click.echo(
+            roles_script(
+                schema,
+                producer=names["producer"],
+                worker=names["worker"],
+                login=login,
+                password_roles=with_pw,
+            ),
+            nl=False,
+        )
+        return
+    passwords: dict[str, str] = {}
+    for kind, var in sources.items():
+        if var:
+            value = os.environ.get(var)
+            if not value:
+                raise ConfigError(f"environment variable {var} (password of the {kind}) is unset")
+            passwords[names[kind]] = value
+    with _queue(dsn, schema, min_size=1, max_size=1) as q, q.connection() as conn:
+        ensure_roles(
+            conn,
+            schema,
+            producer=names["producer"],
+            worker=names["worker"],
+            login=login,
+            passwords=passwords,
+        )
+    if as_json:
+        echo_json(
+            {
+                "schema": schema,
+                "producer": names["producer"],
+                "worker": names["worker"],
+                "login": login,
+                "passwords_set": sorted(passwords),
+            }
+        )
+    else:
+        click.echo(
+            f"schema {schema}: producer role {names['producer']}, worker role {names['worker']}"
+            + (" (login)" if login else " (no login: GRANT them to your login roles)")
+        )
+
+
+@main.command()
+@click.option(
+    "--grace",
+    default=60.0,
+    show_default=True,
+    help="Seconds past its lease a running job may be before it counts.",
+)
+@click.option(
+    "--attempts-alert",
+    default=3,
+    show_default=True,
+    help="Flag live jobs with at least this many attempts.",
+)
+@click.option(
+    "--lock-waits-alert",
+    default=2,
+    show_default=True,
+    help="Flag this many worker sessions waiting on a lock at once.",
+)
+@click.option(
+    "--samples", default=5, show_default=True, help="pg_stat_activity samples, 0.2s apart."
+)
+@click.option(
+    "--workers",
+    "worker_pattern",
+    default="skiplock-worker:%",
+    show_default=True,
+    help="LIKE pattern of the worker sessions' application_name.",
+)
+@click.option("--audit-table", default=None, metavar="TABLE", help="Your record of side effects.")
+@click.option("--key-column", default=None, help="Its column holding the job's key.")
+@click.option("--time-column", default="created_at", show_default=True, help="Its timestamp.")
+@click.option(
+    "--window", default="7d", show_default=True, help="How far back to look (s/m/h/d/w, or all)."
+)
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def verify(
+    grace: float,
+    attempts_alert: int,
+    lock_waits_alert: int,
+    samples: int,
+    worker_pattern: str,
+    audit_table: str | None,
+    key_column: str | None,
+    time_column: str,
+    window: str,
+    dsn: str | None,
+    schema: str,
+    as_json: bool,
+) -> None:
+    """Check a live database; exit 1 if something is wrong, 0 if clean, 2 on errors.
+
+    Expired leases nobody swept, jobs with many attempts, jobs completed more than once,
+    worker sessions waiting on locks (a serialising claim) and, with --audit-table and
+    --key-column, keys your audit table recorded twice: the postmortem's checks.
+    """
+    from ._verify import AuditSpec, parse_window
+    from ._verify import verify as run_verify
+
+    if (audit_table is None) != (key_column is None):
+        raise click.UsageError("--audit-table and --key-column go together")
+    audit = None
+    if audit_table is not None and key_column is not None:
+        audit = AuditSpec(audit_table, key_column, time_column, parse_window(window))
+    with _queue(dsn, schema, min_size=1, max_size=1) as q, q.connection() as conn:
+        report = run_verify(
+            conn,
+            schema,
+            dsn_shown=q.settings.display_dsn,
+            grace=grace,
+            attempts_alert=attempts_alert,
+            lock_waits_alert=lock_waits_alert,
+            samples=samples,
+            workers=worker_pattern,
+            audit=audit,
+        )
+    if as_json:
+        echo_json(report.to_dict())
+    else:
+        click.echo(report.render())
+    sys.exit(report.exit_code)
+
+
 # Commands of the optional parts (lab, audit, chaos, demo) register below; each lives in
 # its own package and uses only the public API of the core.
 from .lab._cli import race  # noqa: E402
@@ -347,6 +542,14 @@ main.add_command(race)
 from .audit._cli import audit  # noqa: E402
 
 main.add_command(audit)
+
+from .chaos._cli import chaos  # noqa: E402
+
+main.add_command(chaos)
+
+from .demo._cli import demo  # noqa: E402
+
+main.add_command(demo)
 
 
 if __name__ == "__main__":  # pragma: no cover

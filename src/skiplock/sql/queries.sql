@@ -104,7 +104,8 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
   ON j.id = f.id AND j.lease_token = f.token;
 
 -- name: sweep
--- Leases that ran out go back to pending, claimable at once: a dead worker is not the
+-- Leases that ran out go back to pending, claimable at once and in their old place
+-- (run_at is kept, and was due when the job was claimed): a dead worker is not the
 -- job's fault, but the attempt it spent still counts, and a job that has used all its
 -- attempts ends failed.  SKIP LOCKED: rows being heartbeated or swept by another worker
 -- are left alone, so every worker can sweep at once with no leader.  Clearing the
@@ -120,7 +121,6 @@ WITH expired AS MATERIALIZED (
 )
 UPDATE {schema}.jobs AS j
 SET status       = CASE WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
-    run_at       = CASE WHEN j.attempts < j.max_attempts THEN now() ELSE j.run_at END,
     finished_at  = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
     locked_until = NULL,
     last_error   = 'lease expired on worker ' || coalesce(j.worker, '?')

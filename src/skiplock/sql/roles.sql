@@ -1,0 +1,64 @@
+-- skiplock's least-privilege roles, run by `skiplock roles` as the schema's owner.  Each
+-- block starts with "-- name: <name>"; the loader in _sql.py splits on those headers.
+-- {schema} and {role} are filled with quoted identifiers by psycopg.sql, {password}
+-- with a literal SCRAM verifier computed on the client (the clear text never reaches
+-- the server or its logs).  Every statement is idempotent: re-run it after an upgrade.
+--
+-- The column lists are exactly the columns skiplock's statements (queries.sql) insert,
+-- read back and update; tests/unit/test_roles_sql.py keeps them in step.
+
+-- name: serialise
+-- Two runs at once (two deploys) would GRANT on the same objects concurrently, which
+-- fails with "tuple concurrently updated"; the second run waits for the first instead.
+SELECT pg_advisory_xact_lock(hashtextextended('skiplock.roles', 0));
+
+-- name: create_role
+-- CREATE ROLE has no IF NOT EXISTS; the block makes a re-run (or two deploys at once) a
+-- no-op.  New roles cannot log in until `--login` says so.
+DO $do$
+BEGIN
+    CREATE ROLE {role} NOLOGIN;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN
+    NULL;
+END
+$do$;
+
+-- name: login
+ALTER ROLE {role} LOGIN;
+
+-- name: password
+ALTER ROLE {role} PASSWORD {password};
+
+-- name: grant_producer
+-- Enqueue only.  INSERT on the columns enqueue, enqueue_many and its COPY write (not
+-- status, worker or lease_token: a producer cannot plant a running or finished job);
+-- SELECT on the three columns the idempotency-key lookup and RETURNING id read (not the
+-- payloads of other jobs); USAGE on the id sequence for reserve_ids' nextval.  The
+-- enqueue-notification trigger runs its function as the inserting role, but EXECUTE on
+-- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
+-- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key)
+    ON {schema}.jobs TO {role};
+GRANT SELECT (id, queue, idempotency_key) ON {schema}.jobs TO {role};
+GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
+
+-- name: grant_worker
+-- Claim, heartbeat, complete, fail, retry, release, sweep: SELECT on jobs (a claim
+-- returns the whole row) and UPDATE on the columns those statements set, nothing else.
+-- No INSERT, no DELETE (retention runs as the owner), no TRUNCATE, and no UPDATE of
+-- payload, queue, priority or max_attempts: a compromised worker host cannot rewrite
+-- the work it hands to the other workers.  SELECT ... FOR UPDATE needs only UPDATE on
+-- some column.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT ON {schema}.jobs TO {role};
+GRANT UPDATE (status, run_at, attempts, worker, lease_token, locked_until, started_at,
+              finished_at, last_error, completions)
+    ON {schema}.jobs TO {role};
+
+-- name: superusers
+-- Grants do not bind a superuser: refuse to call such a role least-privilege.
+SELECT rolname
+FROM pg_roles
+WHERE rolname = ANY(%(roles)s::text[])
+  AND rolsuper;

@@ -1,0 +1,130 @@
+"""roles.sql grants exactly the columns queries.sql writes and reads, parsed, not eyeballed.
+
+The producer and worker grants are column lists; a statement that starts to set or read
+a new column must change the grant too, or the restricted roles break in production.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pglast import ast, parse_sql
+from pglast.enums import ObjectType
+
+from skiplock._roles import plan_roles, roles_script
+from skiplock._sql import statements
+
+# Who runs each named statement of queries.sql.  A new statement must be placed here.
+PRODUCER = {"enqueue", "enqueue_rows", "find_by_keys", "reserve_ids", "copy_jobs", "copy_jobs_at"}
+WORKER = {
+    "claim",
+    "complete",
+    "fail",
+    "heartbeat",
+    "release",
+    "sweep",
+    "fence_outcome",
+    "get",
+    "cancel",
+    "status",
+}
+OWNER = {"prune"}  # retention deletes; it runs as the schema's owner
+
+
+def parsed(name: str) -> Any:
+    text = getattr(statements("s"), name).as_string(None)
+    text = re.sub(r"%\(\w+\)s", "$1", text).replace("%%", "%")
+    [raw] = parse_sql(text)
+    return raw.stmt
+
+
+def walk(node: Any) -> Iterator[Any]:
+    if isinstance(node, list | tuple):
+        for item in node:
+            yield from walk(item)
+    elif isinstance(node, ast.Node):
+        yield node
+        for attr in node:
+            yield from walk(getattr(node, attr))
+
+
+def _returning(stmt: Any) -> Any:
+    # pglast 8 (PostgreSQL 17's parser) wraps RETURNING in a clause; pglast 7 has a list.
+    return getattr(stmt, "returningClause", None) or getattr(stmt, "returningList", None)
+
+
+def grants() -> dict[tuple[str, str], set[str]]:
+    """{(role kind, privilege): columns} of the table grants on jobs; '*' for all."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for title, stmt in plan_roles("s", producer="p", worker="w").statements:
+        for raw in parse_sql(stmt.as_string(None)):
+            g = raw.stmt
+            if not isinstance(g, ast.GrantStmt) or g.objtype != ObjectType.OBJECT_TABLE:
+                continue
+            kind = "producer" if "producer" in title else "worker"
+            for priv in g.privileges:
+                cols = {c.sval for c in priv.cols} if priv.cols else {"*"}
+                out.setdefault((kind, priv.priv_name), set()).update(cols)
+    return out
+
+
+def test_every_statement_has_an_owner() -> None:
+    assert set(statements("s").names()) == PRODUCER | WORKER | OWNER
+
+
+def test_worker_update_grant_is_exactly_what_the_worker_sets() -> None:
+    sets: set[str] = set()
+    for name in WORKER:
+        stmt = parsed(name)
+        if isinstance(stmt, ast.UpdateStmt):
+            sets |= {t.name for t in stmt.targetList}
+    assert grants()[("worker", "update")] == sets
+    assert grants()[("worker", "select")] == {"*"}  # a claim returns the whole row
+    assert set(grants()) == {("worker", "update"), ("worker", "select"), *producer_keys()}
+
+
+def producer_keys() -> set[tuple[str, str]]:
+    return {("producer", "insert"), ("producer", "select")}
+
+
+def test_producer_insert_grant_is_exactly_what_enqueue_writes() -> None:
+    cols: set[str] = set()
+    for name in PRODUCER:
+        stmt = parsed(name)
+        if isinstance(stmt, ast.InsertStmt):
+            cols |= {t.name for t in stmt.cols}
+        elif isinstance(stmt, ast.CopyStmt):
+            cols |= {a.sval for a in stmt.attlist}
+    assert grants()[("producer", "insert")] == cols
+    # Not the columns that make a job look claimed or finished.
+    assert not cols & {"status", "worker", "lease_token", "locked_until", "attempts"}
+
+
+def test_producer_select_grant_is_exactly_what_enqueue_reads() -> None:
+    read: set[str] = set()
+    for name in PRODUCER:
+        stmt = parsed(name)
+        if isinstance(stmt, ast.InsertStmt):
+            read |= {
+                n.fields[-1].sval for n in walk(_returning(stmt)) if isinstance(n, ast.ColumnRef)
+            }
+            if stmt.onConflictClause is not None:
+                read |= {e.name for e in stmt.onConflictClause.infer.indexElems}
+        elif isinstance(stmt, ast.SelectStmt) and name == "find_by_keys":
+            read |= {
+                n.fields[-1].sval
+                for n in walk(stmt)
+                if isinstance(n, ast.ColumnRef) and isinstance(n.fields[-1], ast.String)
+            }
+    assert grants()[("producer", "select")] == read
+    assert "payload" not in read
+
+
+@pytest.mark.parametrize("schema", ["skiplock", "Mixed_Case"])
+def test_script_quotes_every_name(schema: str) -> None:
+    text = roles_script(schema, producer="Odd_Producer", worker="w")
+    assert f'"{schema}".jobs' in text and '"Odd_Producer"' in text
+    assert "PASSWORD" not in text  # no --password-env, no password statement
