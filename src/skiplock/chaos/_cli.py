@@ -1,0 +1,175 @@
+"""``skiplock chaos``: producers, worker processes and faults together, then the checker."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import click
+
+from skiplock._cli_common import dsn_option, echo_json, json_option, user_errors
+
+from ._faults import FAULTS
+from ._run import ChaosConfig, run_chaos
+
+__all__ = ["chaos"]
+
+
+def _faults(value: str) -> tuple[str, ...]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if names == ["all"]:
+        return FAULTS
+    if names == ["none"]:
+        return ()
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown fault {', '.join(unknown)}; choose from {', '.join(FAULTS)}, 'all' or 'none'",
+            param_hint="--faults",
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.2f}"
+    return str(x)
+
+
+def render(j: dict[str, Any]) -> None:
+    """The human table of a report's JSON: counts, causes, recovery, per-phase figures."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"skiplock chaos: {j['duration']:g}s, {j['workers']} workers, "
+        f"{j['rate']:g} jobs/s, lease {j['lease']:g}s, faults {','.join(j['faults']) or 'none'}",
+        show_header=True,
+    )
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    causes = ", ".join(f"{c} {n}" for c, n in sorted(j["duplicated_execution_causes"].items()))
+    recovery = [s for s in j["recovery_seconds"] if s is not None]
+    rec = (
+        f"{len(recovery)} kills: min {min(recovery):.2f}s, max {max(recovery):.2f}s, "
+        f"mean {sum(recovery) / len(recovery):.2f}s"
+        if recovery
+        else "-"
+    )
+    rows: list[tuple[str, Any]] = [
+        ("jobs enqueued (attempted)", j["enqueued"]),
+        ("  acknowledged / unknown outcome / failed", _triple(j)),
+        ("  unknown that completed (recovered)", j["recovered"]),
+        ("completed", j["completed"]),
+        ("failed as their handler intends", j["failed_as_expected"]),
+        ("lost", j["lost"]),
+        ("unexpected", j["unexpected"]),
+        ("duplicated executions", j["duplicated_executions"]),
+        ("  causes", causes or "-"),
+        ("duplicated completions", j["duplicated_completions"]),
+        ("LeaseLost rejections", j["lease_lost_rejections"]),
+        ("  rejected writes that had committed", j["lease_lost_violations"]),
+        ("completions found only in the final read", j["unlogged_completions"]),
+        ("faults injected", ", ".join(f"{k} {v}" for k, v in sorted(j["faults_injected"].items()))),
+        ("recovery after kill", rec),
+        ("  per kill (s)", " ".join(_fmt(s) for s in j["recovery_seconds"]) or "-"),
+        ("worker exits (crashes)", j["worker_exits"]),
+    ]
+    for phase in ("before", "during", "after", "drain"):
+        if phase in j["throughput"]:
+            secs = j["phases"].get(phase)
+            rows.append((f"throughput {phase} (jobs/s)", f"{j['throughput'][phase]:.1f}"))
+            if secs is not None:
+                rows[-1] = (rows[-1][0], f"{rows[-1][1]} over {secs:.1f}s")
+    order = ("before", "during", "vacuum_with_long_tx", "after", "vacuum_after_long_tx")
+    dead = j["dead_tuples"]
+    for k in sorted(dead, key=lambda k: order.index(k) if k in order else len(order)):
+        rows.append((f"dead tuples {k.replace('_', ' ')}", dead[k]))
+    rows.append(("verdict", "VALID" if j["valid"] else "INVALID: " + "; ".join(j["problems"])))
+    for name, value in rows:
+        table.add_row(name, _fmt(value))
+    Console().print(table)
+
+
+def _triple(j: dict[str, Any]) -> str:
+    return f"{j['acknowledged']} / {j['unknown_enqueues']} / {j['failed_enqueues']}"
+
+
+@click.command()
+@click.option("--duration", default=60.0, show_default=True, help="Seconds of load (all phases).")
+@click.option("--workers", default=4, show_default=True, help="Worker processes.")
+@click.option("--rate", default=100.0, show_default=True, help="Jobs enqueued per second.")
+@click.option(
+    "--faults",
+    "faults",
+    default="kill,pause,terminate,proxy",
+    show_default=True,
+    help=f"Comma-separated, from {','.join(FAULTS)}; or 'all' or 'none'. "
+    "restart and exhaust start a scratch cluster.",
+)
+@click.option("--lease", default=2.0, show_default=True, help="Workers' lease in seconds.")
+@click.option("--concurrency", default=4, show_default=True, help="Handlers per worker.")
+@click.option(
+    "--fault-interval",
+    default=3.0,
+    show_default=True,
+    help="Mean seconds between two faults of one kind.",
+)
+@click.option("--seed", default=None, type=int, help="Seed for the fault schedule.")
+@click.option(
+    "--keep-history",
+    default=None,
+    metavar="DIR",
+    help="Keep the history files (JSON lines) under DIR.",
+)
+@dsn_option
+@json_option
+@user_errors
+def chaos(
+    duration: float,
+    workers: int,
+    rate: float,
+    faults: str,
+    lease: float,
+    concurrency: int,
+    fault_interval: float,
+    seed: int | None,
+    keep_history: str | None,
+    dsn: str | None,
+    as_json: bool,
+) -> None:
+    """Run producers, worker processes and faults together, then check the history.
+
+    Exits 1 if a job was lost, seen unexpectedly, completed twice, or run twice for a
+    reason other than its worker being killed or paused.  The run uses a scratch schema
+    (dropped after) on --dsn or the embedded server.
+    """
+    cfg = ChaosConfig(
+        duration=duration,
+        workers=workers,
+        rate=rate,
+        faults=_faults(faults),
+        dsn=dsn,
+        lease=lease,
+        concurrency=concurrency,
+        fault_interval=fault_interval,
+        seed=seed,
+        keep_history=keep_history,
+    )
+
+    def progress(msg: str) -> None:
+        if not as_json:
+            click.echo(f"chaos: {msg}", err=True)
+
+    # The pool's reconnection chatter is expected here; the report counts what matters.
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    report = run_chaos(cfg, progress)
+    if as_json:
+        echo_json(report.to_json())
+    else:
+        render(report.to_json())
+    if not report.valid:
+        sys.exit(1)

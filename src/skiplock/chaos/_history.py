@@ -1,0 +1,444 @@
+"""Jepsen-style queue history: what every process saw, and a checker that can say no.
+
+Each job carries a unique value (``payload["v"]``).  Producers record each enqueue as
+invoked, then acknowledged (``ok``), definitely not done (``fail``) or of unknown outcome
+(``info``: the connection broke mid-statement).  Workers record the life of each attempt
+through ``Worker(on_event=...)``: claimed, started, completed, retried, failed,
+timed_out, released, lease_lost, each with the worker, its pid, the lease token and the
+attempt.  The fault injector records what it did to whom and when.  Every process
+appends JSON lines to a file of its own with one ``write(2)`` per line, so a SIGKILL
+loses at most the line being written.
+
+The checker reads all of it plus a final read of the jobs table (the drain), which is
+authoritative for what the database holds: a worker killed between the commit of its
+completion and the history line still shows up, as an unlogged completion.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skiplock import Job
+
+__all__ = [
+    "ALLOWED_CAUSES",
+    "CheckResult",
+    "DuplicateExecution",
+    "HistoryWriter",
+    "check",
+    "load_history",
+]
+
+Record = dict[str, Any]
+
+# A job whose holder was killed or frozen past its lease runs again: that is the lease
+# doing its work, not a bug.  Anything else that runs a job twice is reported as invalid.
+ALLOWED_CAUSES = frozenset({"killed", "paused"})
+
+# Attempt endings that hand the job back through a committed fenced write: the next
+# attempt is a retry, not a duplicate.
+_HANDED_BACK = frozenset({"retried"})
+_ENDINGS = frozenset({"completed", "retried", "failed", "released", "timed_out", "lease_lost"})
+# Faults that take the database or the path to it away from a living worker.
+_OUTAGES = ("restart", "exhaust", "proxy", "terminate")
+
+
+class HistoryWriter:
+    """Appends one JSON object per line to ``path``; safe to share between threads."""
+
+    def __init__(self, path: str | Path, *, process: str | None = None) -> None:
+        self.path = Path(path)
+        self.process = process or f"pid-{os.getpid()}"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        rec = {"t": time.time(), **record}
+        line = (json.dumps(rec, separators=(",", ":"), default=str) + "\n").encode()
+        # One unbuffered write per line: nothing sits in a userspace buffer when the
+        # process is killed, so a SIGKILL costs at most this line.
+        with self._lock:
+            if self._fd >= 0:
+                os.write(self._fd, line)
+
+    def job_event(self, event: str, job: Job, *, worker: str) -> None:
+        """The ``Worker(on_event=...)`` hook: one line per event of an attempt."""
+        payload = job.payload if isinstance(job.payload, dict) else {}
+        self.write(
+            {
+                "ev": event,
+                "v": payload.get("v"),
+                "id": job.id,
+                "tok": str(job.lease_token) if job.lease_token else None,
+                "att": job.attempts,
+                "w": worker,
+                "pid": os.getpid(),
+            }
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def load_history(directory: str | Path) -> tuple[list[Record], int]:
+    """All records of every ``*.jsonl`` file in ``directory``, sorted by time.
+
+    Returns the records and how many lines could not be parsed (the torn last line of
+    a process killed mid-write).
+    """
+    records: list[Record] = []
+    torn = 0
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        with path.open("rb") as fh:
+            for raw in fh:
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    torn += 1
+                    continue
+                if isinstance(rec, dict):
+                    records.append(rec)
+                else:
+                    torn += 1
+    records.sort(key=lambda r: float(r.get("t", 0.0)))
+    return records, torn
+
+
+@dataclass(frozen=True)
+class DuplicateExecution:
+    """A job started again while its previous attempt had not handed it back."""
+
+    value: str
+    job_id: int | None
+    cause: str  # killed | paused | restart | proxy | terminate | exhaust | none
+    prev_worker: str | None
+    prev_pid: int | None
+    next_worker: str | None
+    allowed: bool
+
+
+@dataclass
+class CheckResult:
+    attempted: int = 0
+    acknowledged: int = 0
+    unknown: int = 0
+    failed_enqueues: int = 0
+    completed: int = 0
+    failed_as_expected: int = 0
+    executions: int = 0
+    retries: int = 0
+    unlogged_completions: int = 0
+    torn_lines: int = 0
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    duplicated_executions: list[DuplicateExecution] = field(default_factory=list)
+    duplicated_completions: list[dict[str, Any]] = field(default_factory=list)
+    lease_lost_rejections: int = 0
+    lease_lost_violations: list[dict[str, Any]] = field(default_factory=list)
+    kills: int = 0
+    pauses: int = 0
+    recovery_seconds: list[float | None] = field(default_factory=list)
+    throughput: dict[str, float] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    def causes(self) -> dict[str, int]:
+        return dict(Counter(d.cause for d in self.duplicated_executions))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["valid"] = self.valid
+        out["duplicated_execution_causes"] = self.causes()
+        return out
+
+
+@dataclass
+class _Attempt:
+    token: str
+    value: str
+    job_id: int | None
+    att: int
+    pid: int | None = None
+    worker: str | None = None
+    first_t: float = float("inf")
+    start_t: float | None = None
+    events: list[tuple[float, str]] = field(default_factory=list)
+
+    def ended_before(self, t: float) -> bool:
+        return any(ev in _ENDINGS and et <= t for et, ev in self.events)
+
+    def has(self, *names: str) -> bool:
+        return any(ev in names for _, ev in self.events)
+
+
+def check(
+    records: Iterable[Record],
+    final_rows: Iterable[Mapping[str, Any]],
+    *,
+    allowed_causes: frozenset[str] = ALLOWED_CAUSES,
+    torn_lines: int = 0,
+) -> CheckResult:
+    """Check a history against the final state of the jobs table.
+
+    ``final_rows`` has one mapping per row: ``v`` (the value), ``id``, ``status``,
+    ``token`` (the lease token kept on the row) and optionally ``last_error``.
+    """
+    res = CheckResult(torn_lines=torn_lines)
+    recs = sorted(records, key=lambda r: float(r.get("t", 0.0)))
+    enq = _enqueues(recs)
+    expected: dict[str, str] = enq["expected"]
+    acked: set[str] = enq["ok"]
+    unknown: set[str] = enq["info"] - acked
+    failed: set[str] = enq["fail"] - acked - unknown
+    res.attempted = len(enq["invoked"])
+    res.acknowledged, res.unknown, res.failed_enqueues = len(acked), len(unknown), len(failed)
+
+    attempts: dict[str, _Attempt] = {}
+    by_value: dict[str, list[_Attempt]] = defaultdict(list)
+    faults: list[Record] = []
+    phases: list[tuple[float, str]] = []
+    completions: dict[str, list[tuple[str, str, float | None]]] = defaultdict(list)
+    lease_lost: list[tuple[str, str]] = []
+    for r in recs:
+        ev, t = r.get("ev"), float(r.get("t", 0.0))
+        if ev == "fault":
+            faults.append(r)
+        elif ev == "phase":
+            phases.append((t, str(r.get("name"))))
+        elif isinstance(ev, str) and r.get("tok") and r.get("v") is not None:
+            v, tok = str(r["v"]), str(r["tok"])
+            a = attempts.get(tok)
+            if a is None:
+                a = attempts[tok] = _Attempt(tok, v, r.get("id"), int(r.get("att") or 0))
+                by_value[v].append(a)
+            a.pid, a.worker = r.get("pid", a.pid), r.get("w", a.worker)
+            a.first_t = min(a.first_t, t)
+            a.events.append((t, ev))
+            res.events[ev] = res.events.get(ev, 0) + 1
+            if ev == "started" and a.start_t is None:
+                a.start_t = t
+                res.executions += 1
+            elif ev in ("completed", "failed"):
+                # One write reported twice is still one finish; two tokens are two.
+                if not any(c[0] == tok and c[1] == ev for c in completions[v]):
+                    completions[v].append((tok, ev, t))
+            elif ev == "retried":
+                res.retries += 1
+            elif ev == "lease_lost":
+                lease_lost.append((v, tok))
+    res.lease_lost_rejections = len(lease_lost)
+
+    # The final read: a row done or failed under a token no history line finished is a
+    # completion whose line died with its process (or a sweep that ran out of attempts).
+    rows: dict[str, Mapping[str, Any]] = {}
+    for row in final_rows:
+        if row.get("v") is None:
+            continue
+        v = str(row["v"])
+        rows[v] = row
+        status, tok = row.get("status"), str(row.get("token"))
+        if status in ("done", "failed") and not any(c[0] == tok for c in completions[v]):
+            kind = "completed" if status == "done" else "failed"
+            completions[v].append((tok, kind, None))
+            if kind == "completed":
+                res.unlogged_completions += 1
+
+    seen_values = set(by_value) | set(rows) | set(completions)
+    for v in sorted(seen_values):
+        done = [c for c in completions[v] if c[1] == "completed"]
+        never = v not in enq["invoked"] or v in failed
+        if never and (done or v in by_value or v in rows):
+            res.unexpected.append(v)
+        if done and v in unknown:
+            res.recovered.append(v)
+        finishes = completions[v]
+        if len(finishes) > 1:
+            res.duplicated_completions.append(
+                {"value": v, "finishes": [{"token": c[0], "kind": c[1]} for c in finishes]}
+            )
+    for v in sorted(acked):
+        kinds = {c[1] for c in completions[v]}
+        want = expected.get(v, "done")
+        if "completed" in kinds:
+            res.completed += 1
+        elif want == "failed" and "failed" in kinds:
+            res.failed_as_expected += 1
+        else:
+            row = rows.get(v, {})
+            res.lost.append(
+                {
+                    "value": v,
+                    "id": row.get("id"),
+                    "status": row.get("status"),
+                    "last_error": row.get("last_error"),
+                }
+            )
+    res.completed += len([v for v in res.recovered if v not in acked])
+
+    kills = [f for f in faults if f.get("f") == "kill"]
+    pauses = [f for f in faults if f.get("f") == "pause"]
+    res.kills, res.pauses = len(kills), len(pauses)
+    res.duplicated_executions = _duplicates(by_value, faults, allowed_causes)
+    res.recovery_seconds = [_recovery(k, attempts, by_value) for k in kills]
+    res.throughput = _throughput(phases, completions)
+
+    for v, tok in lease_lost:
+        # A rejected write must change nothing: the attempt that was told "lease lost"
+        # cannot also be the one whose completion the database holds.
+        if any(c[0] == tok and c[1] == "completed" for c in completions[v]):
+            res.lease_lost_violations.append({"value": v, "token": tok})
+
+    _verdict(res)
+    return res
+
+
+def _enqueues(recs: list[Record]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "invoked": set(),
+        "ok": set(),
+        "info": set(),
+        "fail": set(),
+        "expected": {},
+    }
+    for r in recs:
+        if r.get("ev") != "enqueue":
+            continue
+        values = [str(x) for x in r.get("vs") or ([r["v"]] if "v" in r else [])]
+        phase = r.get("ph")
+        if phase == "invoke":
+            out["invoked"].update(values)
+            for v in values:
+                out["expected"][v] = str(r.get("expect", "done"))
+        elif phase in ("ok", "info", "fail"):
+            out[phase].update(values)
+    return out
+
+
+def _duplicates(
+    by_value: dict[str, list[_Attempt]], faults: list[Record], allowed: frozenset[str]
+) -> list[DuplicateExecution]:
+    out: list[DuplicateExecution] = []
+    for v, atts in by_value.items():
+        started = sorted(
+            (a for a in atts if a.start_t is not None), key=lambda a: (a.att, a.first_t)
+        )
+        for prev, nxt in itertools.pairwise(started):
+            if prev.has(*_HANDED_BACK):
+                continue
+            assert nxt.start_t is not None
+            cause = _cause(prev, nxt.start_t, faults)
+            out.append(
+                DuplicateExecution(
+                    value=v,
+                    job_id=nxt.job_id,
+                    cause=cause,
+                    prev_worker=prev.worker,
+                    prev_pid=prev.pid,
+                    next_worker=nxt.worker,
+                    allowed=cause in allowed,
+                )
+            )
+    out.sort(key=lambda d: d.value)
+    return out
+
+
+def _cause(prev: _Attempt, before: float, faults: list[Record]) -> str:
+    """Why ``prev`` did not hand its job back before the next attempt started.
+
+    A kill or pause of the holder's process before the next start explains it.  Its
+    claim may have been read only after the pause (the reply sat in the socket), so
+    the window is not bounded below by the holder's own first line.  Failing that, an
+    outage between the holder's claim (less one lease, roughly) and the next start is
+    named, so that a report says which fault the lease could not ride out.
+    """
+    for f in faults:
+        if f.get("pid") == prev.pid and float(f["t"]) <= before:
+            if f.get("f") == "kill":
+                return "killed"
+            if f.get("f") == "pause":
+                return "paused"
+    lo = prev.first_t - 10.0
+    seen = {str(f["f"]) for f in faults if f.get("f") in _OUTAGES and lo <= float(f["t"]) <= before}
+    # The biggest outage in the window is named when several overlap.
+    return next((name for name in _OUTAGES if name in seen), "none")
+
+
+def _recovery(
+    kill: Record, attempts: dict[str, _Attempt], by_value: dict[str, list[_Attempt]]
+) -> float | None:
+    """Seconds from a kill until every job its process held was running again."""
+    t_kill = float(kill["t"])
+    held = [
+        a
+        for a in attempts.values()
+        if a.pid == kill.get("pid")
+        and a.start_t is not None
+        and a.start_t <= t_kill
+        and not a.ended_before(t_kill)
+    ]
+    worst: float | None = None
+    for a in held:
+        later = [
+            b.start_t
+            for b in by_value[a.value]
+            if b is not a and b.start_t is not None and b.start_t > t_kill
+        ]
+        if not later:
+            continue  # its completion had committed before the kill: nothing to recover
+        delta = min(later) - t_kill
+        worst = delta if worst is None else max(worst, delta)
+    return worst
+
+
+def _throughput(
+    phases: list[tuple[float, str]], completions: dict[str, list[tuple[str, str, float | None]]]
+) -> dict[str, float]:
+    """Completions per second in each phase (between a phase line and the next)."""
+    if not phases:
+        return {}
+    times = sorted(t for cs in completions.values() for _, kind, t in cs if t is not None)
+    out: dict[str, float] = {}
+    bounds = sorted(phases)
+    for (t0, name), (t1, _) in itertools.pairwise(bounds):
+        if name == "end" or t1 <= t0:
+            continue
+        n = sum(1 for t in times if t0 <= t < t1)
+        out[name] = round(n / (t1 - t0), 1)
+    return out
+
+
+def _verdict(res: CheckResult) -> None:
+    if res.lost:
+        res.problems.append(f"{len(res.lost)} acknowledged job(s) never completed")
+    if res.unexpected:
+        res.problems.append(f"{len(res.unexpected)} job(s) seen that were never enqueued")
+    if res.duplicated_completions:
+        res.problems.append(f"{len(res.duplicated_completions)} job(s) finished more than once")
+    bad = [d for d in res.duplicated_executions if not d.allowed]
+    if bad:
+        causes = Counter(d.cause for d in bad)
+        res.problems.append(
+            f"{len(bad)} duplicated execution(s) not explained by a kill or pause: "
+            + ", ".join(f"{c} {n}" for c, n in sorted(causes.items()))
+        )
+    if res.lease_lost_violations:
+        res.problems.append(
+            f"{len(res.lease_lost_violations)} write(s) reported as lease lost had committed"
+        )

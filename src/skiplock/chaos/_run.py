@@ -1,0 +1,632 @@
+"""One chaos run: producers, worker processes and faults together, then drain and check.
+
+The run has phases, each written to the history so throughput can be told apart:
+``before`` (no faults), ``during`` (faults fire), ``after`` (faults stopped, producers
+still on), ``drain`` (producers off, workers finish the backlog).  Then the workers
+stop, the jobs table is read once more, and the checker judges the whole history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from skiplock import ConfigError, DatabaseUnavailable, Queue, SkiplockError
+
+from ._faults import (
+    FAULTS,
+    REPEATED,
+    ConnectionHog,
+    FaultContext,
+    LongTransaction,
+    ScratchCluster,
+    dead_tuples,
+    inject,
+    vacuum,
+    wait_until,
+)
+from ._history import ALLOWED_CAUSES, CheckResult, HistoryWriter, check, load_history
+from ._proc import worker_name
+from ._proxy import ChaosProxy, proxied_dsn, upstream_of
+
+__all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
+
+logger = logging.getLogger("skiplock.chaos")
+
+# kind -> (max_attempts, expected end).  `ok` jobs get many attempts so that repeated
+# kills and pauses cannot use them up: a job of the mix must end as its kind says.
+KINDS: dict[str, tuple[int, str]] = {
+    "ok": (50, "done"),
+    "flaky": (50, "done"),
+    "raise": (3, "failed"),
+    "hang": (2, "failed"),
+}
+HANDLER_MIX = {"hang": 0.01, "raise": 0.02, "flaky": 0.05}
+
+
+@dataclass
+class ChaosConfig:
+    duration: float = 60.0
+    workers: int = 4
+    rate: float = 100.0
+    faults: tuple[str, ...] = ()
+    dsn: str | None = None
+    lease: float = 2.0
+    sweep_interval: float = 0.5
+    concurrency: int = 4
+    job_timeout: float = 1.0
+    work_ms: float = 10.0
+    fault_interval: float = 3.0
+    producers: int = 2
+    mix: dict[str, float] | None = None
+    min_faults: int = 1
+    drain_timeout: float = 90.0
+    exhaust_leave: int | None = None
+    max_connections: int | None = None
+    seed: int | None = None
+    keep_history: str | None = None
+    allowed_causes: frozenset[str] = ALLOWED_CAUSES
+
+    def validate(self) -> None:
+        unknown = [f for f in self.faults if f not in FAULTS]
+        if unknown:
+            raise ConfigError(
+                f"unknown fault {', '.join(unknown)}; choose from {', '.join(FAULTS)}"
+            )
+        if self.duration <= 0 or self.workers < 1 or self.rate <= 0:
+            raise ConfigError("duration, workers and rate must be positive")
+        if self.needs_scratch and self.dsn is not None:
+            raise ConfigError(
+                "restart and exhaust run on a scratch cluster the run starts itself "
+                "(the given server is never restarted or filled); drop --dsn"
+            )
+
+    @property
+    def needs_scratch(self) -> bool:
+        return "restart" in self.faults or "exhaust" in self.faults
+
+
+@dataclass
+class ChaosReport:
+    config: ChaosConfig
+    result: CheckResult
+    run_id: str
+    dsn: str
+    faults_injected: dict[str, int] = field(default_factory=dict)
+    worker_exits: int = 0
+    worker_start_retries: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+    dead_tuples: dict[str, int | None] = field(default_factory=dict)
+    drained: bool = True
+    history_dir: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.result.valid and self.drained and self.worker_exits == 0
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "valid": self.valid,
+            "problems": r.problems
+            + ([] if self.drained else ["the queue did not drain"])
+            + ([f"{self.worker_exits} worker(s) exited"] if self.worker_exits else []),
+            "run_id": self.run_id,
+            "dsn": self.dsn,
+            "duration": self.config.duration,
+            "workers": self.config.workers,
+            "rate": self.config.rate,
+            "lease": self.config.lease,
+            "faults": list(self.config.faults),
+            "faults_injected": self.faults_injected,
+            "enqueued": r.attempted,
+            "acknowledged": r.acknowledged,
+            "unknown_enqueues": r.unknown,
+            "failed_enqueues": r.failed_enqueues,
+            "recovered": len(r.recovered),
+            "completed": r.completed,
+            "failed_as_expected": r.failed_as_expected,
+            "executions": r.executions,
+            "retries": r.retries,
+            "lost": len(r.lost),
+            "lost_jobs": r.lost[:50],
+            "unexpected": len(r.unexpected),
+            "unexpected_values": r.unexpected[:50],
+            "duplicated_executions": len(r.duplicated_executions),
+            "duplicated_execution_causes": r.causes(),
+            "duplicated_execution_details": [
+                vars(d) for d in r.duplicated_executions if not d.allowed
+            ][:50],
+            "duplicated_completions": len(r.duplicated_completions),
+            "duplicated_completion_details": r.duplicated_completions[:50],
+            "lease_lost_rejections": r.lease_lost_rejections,
+            "lease_lost_violations": len(r.lease_lost_violations),
+            "unlogged_completions": r.unlogged_completions,
+            "kills": r.kills,
+            "pauses": r.pauses,
+            "recovery_seconds": [None if s is None else round(s, 3) for s in r.recovery_seconds],
+            "throughput": r.throughput,
+            "events": r.events,
+            "phases": self.phases,
+            "dead_tuples": self.dead_tuples,
+            "worker_exits": self.worker_exits,
+            "worker_start_retries": self.worker_start_retries,
+            "drained": self.drained,
+            "torn_history_lines": r.torn_lines,
+            "history_dir": self.history_dir,
+        }
+
+
+@dataclass(eq=False)
+class _Proc:
+    slot: int
+    popen: subprocess.Popen[bytes]
+    name: str
+    paused: bool = False
+    busy: bool = False
+    expected_exit: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class _Fleet:
+    """The worker processes; a killed or crashed one is replaced in its slot."""
+
+    def __init__(self, spec: dict[str, Any], history_dir: Path, history: HistoryWriter) -> None:
+        self.spec = spec
+        self.dir = history_dir
+        self.history = history
+        self.procs: dict[int, _Proc] = {}
+        self.lock = threading.Lock()
+        self.exits = 0
+
+    def spawn(self, slot: int) -> _Proc:
+        cfg = json.dumps({**self.spec, "slot": slot})
+        log = (self.dir / f"worker-slot{slot}.log").open("ab")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "skiplock.chaos._proc", cfg],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        proc = _Proc(slot, popen, worker_name(self.spec["run_id"], slot, popen.pid))
+        self.procs[slot] = proc
+        self.history.write({"ev": "fault", "f": "spawn", "pid": proc.pid, "w": proc.name})
+        return proc
+
+    def names(self) -> list[str]:
+        with self.lock:
+            return [p.name for p in self.procs.values()]
+
+    def acquire(self, names: set[str]) -> _Proc | None:
+        with self.lock:
+            free = [p for p in self.procs.values() if p.name in names and not p.busy]
+            if not free:
+                return None
+            proc = random.choice(free)
+            proc.busy = True
+            return proc
+
+    def release(self, proc: Any) -> None:
+        with self.lock:
+            proc.busy = False
+
+    def killed(self, proc: Any) -> None:
+        with self.lock:
+            proc.expected_exit = True
+            proc.popen.wait()
+            self.spawn(proc.slot)
+
+    def check(self) -> None:
+        """Replace any worker that exited on its own: that is a crash, and it is counted."""
+        with self.lock:
+            for slot, p in list(self.procs.items()):
+                code = p.popen.poll()
+                if code is not None and not p.expected_exit:
+                    self.exits += 1
+                    self.history.write({"ev": "fault", "f": "exit", "pid": p.pid, "code": code})
+                    logger.warning("worker %s exited with %s; replacing it", p.name, code)
+                    self.spawn(slot)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        with self.lock:
+            procs = list(self.procs.values())
+            for p in procs:
+                p.expected_exit = True
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.send_signal(signal.SIGCONT)
+                    p.popen.send_signal(signal.SIGTERM)
+        end = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.popen.wait(max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+
+
+class _Producer(threading.Thread):
+    """Enqueues ``rate`` jobs a second, alternating COPY batches and single inserts."""
+
+    def __init__(self, n: int, run: _Run, rate: float) -> None:
+        super().__init__(name=f"chaos-producer-{n}", daemon=True)
+        self.n, self.run_, self.rate = n, run, rate
+        self.stop_evt = threading.Event()
+        self.seq = 0
+        self.rng = random.Random(run.rng.random())
+
+    def run(self) -> None:
+        cfg, run = self.run_.cfg, self.run_
+        q = Queue(
+            run.dsn,
+            schema=run.schema,
+            application_name=f"chaos-producer:{run.run_id}:{self.n}",
+            max_size=2,
+        )
+        hist = run.history
+        mix = cfg.mix if cfg.mix is not None else (HANDLER_MIX if "handlers" in cfg.faults else {})
+        tick, owed, batch_turn = 0.05, 0.0, True
+        next_t = time.monotonic()
+        try:
+            while not self.stop_evt.is_set():
+                owed += self.rate * tick
+                count, owed = int(owed), owed - int(owed)
+                if count:
+                    by_kind: dict[str, list[dict[str, Any]]] = {}
+                    for _ in range(count):
+                        kind = self._kind(mix)
+                        v = f"{run.run_id}:{self.n}:{self.seq}"
+                        self.seq += 1
+                        ms = round(self.rng.uniform(0, 2 * cfg.work_ms), 1)
+                        by_kind.setdefault(kind, []).append({"v": v, "k": kind, "ms": ms})
+                    for kind, payloads in by_kind.items():
+                        self._enqueue(q, hist, kind, payloads, batch=batch_turn)
+                    batch_turn = not batch_turn
+                next_t += tick
+                self.stop_evt.wait(max(next_t - time.monotonic(), 0.0))
+        finally:
+            q.close()
+
+    def _kind(self, mix: dict[str, float]) -> str:
+        x = self.rng.random()
+        for kind, share in mix.items():
+            if x < share:
+                return kind
+            x -= share
+        return "ok"
+
+    def _enqueue(
+        self, q: Queue, hist: HistoryWriter, kind: str, payloads: list[dict[str, Any]], batch: bool
+    ) -> None:
+        attempts, expect = KINDS[kind]
+        values = [p["v"] for p in payloads]
+        hist.write({"ev": "enqueue", "ph": "invoke", "vs": values, "k": kind, "expect": expect})
+        try:
+            if batch or len(payloads) > 1:
+                ids = q.enqueue_many(payloads, max_attempts=attempts)
+            else:
+                ids = [q.enqueue(payloads[0], max_attempts=attempts)]
+        except Exception as exc:
+            hist.write({"ev": "enqueue", "ph": _outcome(exc), "vs": values, "error": str(exc)})
+            return
+        hist.write({"ev": "enqueue", "ph": "ok", "vs": values, "ids": ids})
+
+
+def _outcome(exc: BaseException) -> str:
+    """``fail`` only when skiplock says nothing was sent; anything else may have committed."""
+    if isinstance(exc, DatabaseUnavailable) and "cannot reach" in str(exc):
+        return "fail"
+    if isinstance(exc, SkiplockError) and not isinstance(exc, DatabaseUnavailable):
+        return "fail"  # refused before any I/O: a bad payload or setting
+    return "info"
+
+
+class _Run:
+    def __init__(self, cfg: ChaosConfig, progress: Any) -> None:
+        self.cfg = cfg
+        self.progress = progress or (lambda _msg: None)
+        self.rng = random.Random(cfg.seed)
+        self.run_id = uuid.uuid4().hex[:8]
+        self.schema = f"chaos_{self.run_id}"
+        self.dsn = ""
+        self.history: HistoryWriter
+        self.samples: list[tuple[float, int]] = []
+
+    def phase(self, name: str) -> float:
+        self.history.write({"ev": "phase", "name": name})
+        self.progress(f"phase {name}")
+        return time.monotonic()
+
+
+def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
+    """Run producers, workers and the faults of ``cfg``, then drain and check."""
+    cfg.validate()
+    run = _Run(cfg, progress)
+    from skiplock._config import redact_dsn, resolve_dsn
+
+    cluster: ScratchCluster | None = None
+    tmp = Path(cfg.keep_history or tempfile.mkdtemp(prefix="skiplock-chaos-history-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    hist_dir = tmp / run.run_id if cfg.keep_history else tmp
+    hist_dir.mkdir(parents=True, exist_ok=True)
+    run.history = HistoryWriter(hist_dir / "driver.jsonl")
+    proxy: ChaosProxy | None = None
+    fleet: _Fleet | None = None
+    ctx: FaultContext | None = None
+    try:
+        if cfg.needs_scratch:
+            # Room for every worker's few connections, the producers and the hog's victims.
+            default_max = cfg.workers * 5 + 20 if "exhaust" in cfg.faults else None
+            max_conn = cfg.max_connections or default_max
+            cluster = ScratchCluster(max_connections=max_conn)
+            run.progress("starting a scratch cluster")
+            run.dsn = cluster.start()
+        else:
+            resolved = resolve_dsn(cfg.dsn)
+            if resolved is None:
+                from skiplock._embedded import embedded_dsn
+
+                resolved = embedded_dsn()
+            run.dsn = resolved
+        admin = Queue(run.dsn, schema=run.schema, application_name=f"chaos-admin:{run.run_id}")
+        admin.migrate()
+        admin.close()
+        worker_dsn = run.dsn
+        if "proxy" in cfg.faults:
+            proxy = ChaosProxy(upstream_of(run.dsn))
+            worker_dsn = proxied_dsn(run.dsn, proxy.start())
+        spec = {
+            "dsn": worker_dsn,
+            "schema": run.schema,
+            "run_id": run.run_id,
+            "history_dir": str(hist_dir),
+            "lease": cfg.lease,
+            "sweep_interval": cfg.sweep_interval,
+            "concurrency": cfg.concurrency,
+            "job_timeout": cfg.job_timeout,
+        }
+        fleet = _Fleet(spec, hist_dir, run.history)
+        ctx = FaultContext(
+            dsn=run.dsn,
+            schema=run.schema,
+            run_id=run.run_id,
+            lease=cfg.lease,
+            fleet=fleet,
+            history=run.history,
+            proxy=proxy,
+            cluster=cluster,
+            rng=random.Random(run.rng.random()),
+        )
+        report = _drive(run, fleet, ctx)
+        report.dsn = redact_dsn(run.dsn)
+        report.history_dir = str(hist_dir) if cfg.keep_history else None
+        return report
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        if ctx is not None:
+            ctx.close()
+        if proxy is not None:
+            proxy.stop()
+        run.history.close()
+        if run.dsn:
+            _drop_schema(run.dsn, run.schema, run.run_id)
+        if cluster is not None:
+            cluster.stop()
+        if not cfg.keep_history:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _drive(run: _Run, fleet: _Fleet, ctx: FaultContext) -> ChaosReport:
+    cfg = run.cfg
+    with fleet.lock:
+        for slot in range(cfg.workers):
+            fleet.spawn(slot)
+    names = set(fleet.names())
+    run.progress(f"starting {cfg.workers} worker processes")
+    wait_until(lambda: _connected(ctx) >= len(names), 60, interval=0.1)
+
+    sampler_stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(run, ctx, sampler_stop), daemon=True)
+    sampler.start()
+    producers = [_Producer(i, run, cfg.rate / cfg.producers) for i in range(cfg.producers)]
+    before_s, during_s, after_s = cfg.duration * 0.2, cfg.duration * 0.6, cfg.duration * 0.2
+    marks: dict[str, float] = {}
+    dead: dict[str, int | None] = {}
+
+    t0 = run.phase("before")
+    for p in producers:
+        p.start()
+    _hold(fleet, before_s)
+    dead["before"] = dead_tuples(ctx)[0]
+
+    marks["before"] = time.monotonic() - t0
+    t1 = run.phase("during")
+    injected: Counter[str] = Counter()
+    stop_faults = threading.Event()
+    ctx.stop = stop_faults
+    hog = _start_held(run, ctx, injected)
+    threads = [
+        threading.Thread(
+            target=_fault_loop, args=(name, run, ctx, stop_faults, injected), daemon=True
+        )
+        for name in cfg.faults
+        if name in REPEATED
+    ]
+    for t in threads:
+        t.start()
+    end = t1 + during_s
+    wanted = [n for n in cfg.faults if n in REPEATED]
+    while True:
+        fleet.check()
+        now = time.monotonic()
+        enough = all(injected[n] >= cfg.min_faults for n in wanted)
+        if now >= end and (enough or now >= end + during_s):
+            break
+        time.sleep(0.1)
+    stop_faults.set()
+    for t in threads:
+        t.join(timeout=cfg.lease * 8 + 30)
+    dead["during"] = max((d for t, d in run.samples if t >= t1), default=dead_tuples(ctx)[0])
+    longtx = hog.get("longtx")
+    if isinstance(longtx, LongTransaction):
+        dead["vacuum_with_long_tx"] = vacuum(ctx)
+        longtx.stop()
+    if isinstance(hog.get("exhaust"), ConnectionHog):
+        hog["exhaust"].stop()
+
+    marks["during"] = time.monotonic() - t1
+    t2 = run.phase("after")
+    _hold(fleet, after_s)
+    dead["after"] = dead_tuples(ctx)[0]
+    if isinstance(longtx, LongTransaction):
+        dead["vacuum_after_long_tx"] = vacuum(ctx)
+
+    marks["after"] = time.monotonic() - t2
+    t3 = run.phase("drain")
+    for p in producers:
+        p.stop_evt.set()
+    for p in producers:
+        p.join(timeout=60)
+
+    def finished() -> bool:
+        fleet.check()
+        return _unfinished(ctx) == 0
+
+    drained = wait_until(finished, cfg.drain_timeout, interval=0.2)
+    marks["drain"] = time.monotonic() - t3
+    run.phase("end")
+    sampler_stop.set()
+    sampler.join(timeout=5)
+    fleet.stop()
+    rows = _final_rows(ctx)
+    records, torn = load_history(fleet.dir)
+    result = check(records, rows, allowed_causes=cfg.allowed_causes, torn_lines=torn)
+    retries = sum(1 for r in records if r.get("ev") == "proc" and r.get("what") == "start-retry")
+    return ChaosReport(
+        config=cfg,
+        result=result,
+        run_id=run.run_id,
+        dsn="",
+        faults_injected=dict(injected),
+        worker_exits=fleet.exits,
+        worker_start_retries=retries,
+        phases={k: round(v, 2) for k, v in marks.items()},
+        dead_tuples=dead,
+        drained=drained,
+    )
+
+
+def _start_held(run: _Run, ctx: FaultContext, injected: Counter[str]) -> dict[str, Any]:
+    """Start the faults that hold for the whole phase: a connection hog, a long tx."""
+    out: dict[str, Any] = {}
+    if "exhaust" in run.cfg.faults:
+        leave = run.cfg.exhaust_leave or run.cfg.workers + 2
+        hog = ConnectionHog(ctx.dsn, leave=leave, app=f"chaos-hog:{run.run_id}")
+        n = hog.start()
+        ctx.record("exhaust", held=n, leave=leave)
+        out["exhaust"] = hog
+        injected["exhaust"] += 1
+    if "longtx" in run.cfg.faults:
+        tx = LongTransaction(ctx.dsn, run.schema, app=f"chaos-longtx:{run.run_id}")
+        tx.start()
+        ctx.record("longtx", xid=tx.xmin)
+        out["longtx"] = tx
+        injected["longtx"] += 1
+    if "handlers" in run.cfg.faults:
+        injected["handlers"] += 1
+    return out
+
+
+def _fault_loop(
+    name: str, run: _Run, ctx: FaultContext, stop: threading.Event, injected: Counter[str]
+) -> None:
+    rng = random.Random(run.rng.random())
+    interval = run.cfg.fault_interval
+    if name == "restart":
+        # Each restart an event of its own that workers must ride out, not a storm
+        # faster than a pool can reconnect and heartbeat within one lease.
+        interval = max(3 * interval, 4 * run.cfg.lease)
+    delay = rng.uniform(0.2, 1.0) * interval
+    while not stop.wait(delay):
+        try:
+            if inject(name, ctx):
+                injected[name] += 1
+                delay = min(max(rng.expovariate(1.0 / interval), 0.3 * interval), 2 * interval)
+            else:
+                delay = 0.1  # no target yet (nobody holds a job): look again soon
+        except Exception as exc:
+            logger.warning("fault %s failed: %s", name, exc)
+            ctx.record("error", fault=name, error=str(exc))
+            delay = interval
+
+
+def _hold(fleet: _Fleet, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        fleet.check()
+        time.sleep(min(0.1, max(end - time.monotonic(), 0)))
+
+
+def _sample(run: _Run, ctx: FaultContext, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        with contextlib.suppress(psycopg.Error):
+            d, live = dead_tuples(ctx)
+            run.samples.append((time.monotonic(), d))
+            run.history.write({"ev": "sample", "dead": d, "live": live})
+
+
+def _connected(ctx: FaultContext) -> int:
+    rows = ctx.query(
+        "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+        "WHERE application_name LIKE %s",
+        (f"skiplock-worker:chaos-{ctx.run_id}-%",),
+    )
+    return int(rows[0][0])
+
+
+def _unfinished(ctx: FaultContext) -> int:
+    rows = ctx.query(
+        sql.SQL("SELECT count(*) FROM {} WHERE status IN ('pending', 'running')").format(ctx.jobs())
+    )
+    return int(rows[0][0])
+
+
+def _final_rows(ctx: FaultContext) -> list[dict[str, Any]]:
+    rows = ctx.query(
+        sql.SQL(
+            "SELECT id, payload->>'v', status, lease_token::text, attempts, last_error FROM {}"
+        ).format(ctx.jobs())
+    )
+    keys = ("id", "v", "status", "token", "attempts", "last_error")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def _drop_schema(dsn: str, schema: str, run_id: str) -> None:
+    with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid <> pg_backend_pid() AND application_name LIKE %s",
+            (f"%{run_id}%",),
+        )
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -1,0 +1,148 @@
+"""Chaos: a proxy between the queue and Postgres drops, resets and stalls connections."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from skiplock import DatabaseUnavailable, LeaseLost, Queue, Worker
+from skiplock.chaos import ChaosProxy, proxied_dsn, upstream_of
+
+pytestmark = pytest.mark.chaos
+
+
+def test_pool_serves_a_waiting_caller_soon_after_the_server_answers_again(
+    dsn: str, queue: Queue
+) -> None:
+    """A brief outage must not park callers until their pool timeout (10 s here).
+
+    The proxy resets every connection and refuses new ones for a second: the pool's
+    reconnection attempts fail meanwhile.  The caller waiting for a connection must be
+    served once connections succeed again, not when its own timeout runs out.
+    """
+    job_id = queue.enqueue({"n": 1})
+    with ChaosProxy(upstream_of(dsn)) as proxy:
+        q = Queue(proxied_dsn(dsn, proxy.port), schema=queue.schema, connect_timeout=10)
+        try:
+            assert q.get(job_id) is not None
+            proxy.refuse(1.0)
+            assert proxy.reset() >= 1
+            t0 = time.monotonic()
+            assert q.get(job_id) is not None
+            waited = time.monotonic() - t0
+        finally:
+            q.close()
+    assert waited < 5.0, f"caller waited {waited:.1f}s for a connection after a 1s outage"
+
+
+def test_queue_retry_of_a_committed_completion_is_lease_lost_by_contract(
+    dsn: str, queue: Queue
+) -> None:
+    """The server commits a completion, the reply is lost and the call's retries run out.
+
+    Completing again is LeaseLost at the Queue level (the job no longer runs under that
+    token: a second completion is rejected).  The proxy makes this real: what the
+    worker's writer must do with it is the next test.
+    """
+    from dataclasses import replace
+
+    job_id = queue.enqueue({"n": 1})
+    with ChaosProxy(upstream_of(dsn)) as proxy:
+        q = Queue(proxied_dsn(dsn, proxy.port), schema=queue.schema, open=False)
+        # No retry inside the call: the unknown outcome reaches the caller.
+        one_try = Queue.from_settings(replace(q.settings, op_retries=0), max_size=1)
+        try:
+            [job] = one_try.claim(worker="w1", lease=30)
+            assert job.id == job_id
+            assert proxy.swallow() >= 1
+            errors: list[BaseException] = []
+
+            def complete() -> None:
+                try:
+                    one_try.complete(job)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            t = threading.Thread(target=complete)
+            t.start()
+            _wait(lambda: _status(queue, job_id) == "done", "the completion to commit")
+            proxy.reset()
+            t.join(10)
+            assert len(errors) == 1 and isinstance(errors[0], DatabaseUnavailable), errors
+            _wait(lambda: proxy.connections >= 1, "the pool to reconnect")
+            with pytest.raises(LeaseLost):
+                one_try.complete(job)
+        finally:
+            one_try.close()
+
+
+def test_worker_does_not_report_a_committed_completion_as_lease_lost(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's batch committed but the call failed (retries ran out, as above).
+
+    The writer keeps the batch and writes it again.  The job is done under its own
+    token: the worker must count it completed and emit ``completed``, not
+    ``lease_lost`` ("the write changed nothing", which is false here).
+    """
+    import skiplock._worker as worker_mod
+
+    class CommitThenFail(Queue):
+        failed_once = False
+
+        def complete_many(self, jobs: Any, **kwargs: Any) -> Any:
+            res = super().complete_many(jobs, **kwargs)
+            if not CommitThenFail.failed_once:
+                CommitThenFail.failed_once = True
+                raise DatabaseUnavailable("complete: cannot reach PostgreSQL (retries ran out)")
+            return res
+
+    monkeypatch.setattr(worker_mod, "Queue", CommitThenFail)
+    events: list[tuple[str, int]] = []
+    job_id = queue.enqueue({"n": 1})
+    w = Worker(
+        queue,
+        lambda job: None,
+        concurrency=1,
+        lease=30,
+        listen=False,
+        poll_interval=0.05,
+        on_event=lambda ev, job: events.append((ev, job.id)),
+    )
+    t = w.start()
+    try:
+        _wait(lambda: CommitThenFail.failed_once, "the first write")
+        _wait(lambda: len(events) >= 3, "the worker to settle the job")
+    finally:
+        w.stop()
+        t.join(30)
+    assert _status(queue, job_id) == "done"
+    assert events == [("claimed", job_id), ("started", job_id), ("completed", job_id)]
+    assert w.stats.completed == 1 and w.stats.lease_lost == 0
+
+
+def _status(q: Queue, job_id: int) -> str | None:
+    job = q.get(job_id)
+    return job.status if job else None
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_resets_drops_and_stalls_through_the_proxy_lose_nothing(dsn: str) -> None:
+    from .chaos_util import assert_sound, short_run
+
+    report = short_run(dsn, "proxy", fault_interval=0.5, min_faults=5)
+    j = assert_sound(report)
+    assert j["faults_injected"]["proxy"] >= 5
+    # Stalls are shorter than the lease and resets are retried at once: no job re-runs.
+    assert j["duplicated_executions"] == 0, j["duplicated_execution_causes"]
