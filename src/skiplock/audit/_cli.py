@@ -1,18 +1,21 @@
 """The `skiplock audit` command: gathers inputs and options, prints the report, sets the exit code.
 
-Today the command runs the static analysis (``run_static``).  The experiment (running
-the user's claim concurrently on a scratch schema, built on skiplock.lab) is meant to
-arrive as extra options on this same command (--dsn, --schema FILE, --claim FILE,
---workers, --jobs) and a branch in ``audit`` to a second runner; the static path stays.
+Without --claim the command runs the static analysis (``run_static``).  With --schema
+FILE and --claim FILE it runs the experiment (``run_experiment``, in _experiment.py):
+the user's claim, concurrently, on a scratch copy of their schema, built on skiplock.lab.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
+
+from skiplock._cli_common import dsn_option
+from skiplock._errors import SkiplockError
 
 from ._engine import AuditResult
 from ._engine import audit as run_audit
@@ -20,7 +23,7 @@ from ._extract import Extracted, Problem, discover, extract_file, extract_text
 from ._report import render
 from ._rules import RULES
 
-__all__ = ["audit", "collect", "run_static"]
+__all__ = ["audit", "collect", "run_experiment_command", "run_static"]
 
 _FORMATS = ("text", "json", "sarif")
 _LEVELS = ("info", "warning", "error")
@@ -102,6 +105,50 @@ def _list_rules() -> str:
     "--no-fix", is_flag=True, help="Text format: leave out the fix hint under each finding."
 )
 @click.option("--list-rules", is_flag=True, help="Describe every rule and exit.")
+@click.option(
+    "--claim",
+    "claim_file",
+    default=None,
+    metavar="FILE",
+    help="Experiment: your claim (.sql or .py); run it concurrently on a scratch schema.",
+)
+@click.option(
+    "--schema",
+    "schema_file",
+    default=None,
+    metavar="FILE",
+    help="Experiment: the DDL of your queue table(s), run in the scratch schema.",
+)
+@click.option(
+    "--seed",
+    "seed_file",
+    default=None,
+    metavar="FILE",
+    help="Experiment: a script that fills the tables (':jobs' is the row count); "
+    "default: generated rows.",
+)
+@click.option(
+    "--param",
+    "param_pairs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Experiment: a value for a placeholder, by name (worker) or number (1); repeatable.",
+)
+@click.option(
+    "--workers", default=8, show_default=True, type=click.IntRange(1, 64), help="Experiment."
+)
+@click.option(
+    "--jobs", default=5000, show_default=True, type=click.IntRange(1), help="Experiment: rows."
+)
+@click.option(
+    "--timeout",
+    default=120.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Experiment: seconds the load may take.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@dsn_option
 def audit(
     paths: tuple[str, ...],
     sql_texts: tuple[str, ...],
@@ -111,6 +158,15 @@ def audit(
     fail_on: str,
     no_fix: bool,
     list_rules: bool,
+    claim_file: str | None,
+    schema_file: str | None,
+    seed_file: str | None,
+    param_pairs: tuple[str, ...],
+    workers: int,
+    jobs: int,
+    timeout: float,
+    as_json: bool,
+    dsn: str | None,
 ) -> None:
     """Find job-queue claims that can hand one job to two workers.
 
@@ -119,13 +175,41 @@ def audit(
     --sql text, and on stdin ('-').  A comment "skiplock: ignore[SL005]" in a statement (or
     next to a Python literal) silences that rule there.
 
-    Exit status: 0 clean, 1 findings, 2 input that could not be audited (unparsable SQL is
-    reported with its location).
+    With --schema FILE --claim FILE it also runs the claim: W workers drain N rows seeded
+    in a scratch schema (your data is never touched), double claims are counted, and two
+    sessions replay the race step by step.
+
+    Exit status: 0 clean, 1 findings (or a race observed), 2 input that could not be
+    audited (unparsable SQL is reported with its location) or run.
     """
     if list_rules:
         click.echo(_list_rules())
         return
-    # The experiment mode branches off here once it exists; everything below is static.
+    if as_json:
+        fmt = "json"
+    if claim_file is not None or schema_file is not None:
+        if paths or sql_texts:
+            raise click.UsageError("--claim runs one claim: leave out PATHs and --sql")
+        if claim_file is None or schema_file is None:
+            raise click.UsageError("the experiment needs both --schema FILE and --claim FILE")
+        if fmt == "sarif":
+            raise click.UsageError("--format sarif is for the static audit; use text or json")
+        text, code = run_experiment_command(
+            dsn,
+            schema_file,
+            claim_file,
+            seed_file=seed_file,
+            params=_params(param_pairs),
+            workers=workers,
+            jobs=jobs,
+            timeout=timeout,
+            fmt=fmt,
+            fail_on=fail_on,
+            fixes=not no_fix,
+        )
+        if text:
+            click.echo(text)
+        sys.exit(code)
     selected = _rule_ids(select, "--select")
     ignored = _rule_ids(ignore, "--ignore")
     if not paths and not sql_texts:
@@ -151,3 +235,66 @@ def run_static(
     stdin_text = sys.stdin.read() if "-" in paths else None
     result = _filter(run_audit(collect(paths, sql_texts, stdin_text)), select, ignore)
     return render(result, fmt, fixes=fixes), result.exit_code(fail_on)
+
+
+def _params(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip():
+            raise click.BadParameter(f"{pair!r} is not NAME=VALUE", param_hint="--param")
+        out[name.strip()] = value
+    return out
+
+
+def run_experiment_command(
+    dsn: str | None,
+    schema_file: str,
+    claim_file: str,
+    *,
+    seed_file: str | None = None,
+    params: dict[str, str] | None = None,
+    workers: int = 8,
+    jobs: int = 5000,
+    timeout: float = 120.0,
+    fmt: str = "text",
+    fail_on: str = "info",
+    fixes: bool = True,
+) -> tuple[str, int]:
+    """The experiment as the command runs it: (report text, exit status).
+
+    A problem (a bad DSN, a file that does not parse, a claim that fails on the schema)
+    is one line on stderr and status 2, never a traceback.
+    """
+    from skiplock._config import check_dsn, resolve_dsn
+
+    from ._experiment import run_experiment
+
+    try:
+        resolved = resolve_dsn(dsn)
+        if resolved is not None:
+            server = check_dsn(resolved)
+        else:
+            from skiplock._embedded import embedded_dsn
+
+            server = embedded_dsn()
+        result = run_experiment(
+            server,
+            schema_file,
+            claim_file,
+            seed_path=seed_file,
+            workers=workers,
+            jobs=jobs,
+            params=params or {},
+            timeout=timeout,
+            fail_on=fail_on,
+            progress=lambda line: click.echo(line, err=True),
+        )
+    except SkiplockError as exc:
+        click.echo(f"skiplock: error: {exc}", err=True)
+        return "", 2
+    if fmt == "json":
+        return json.dumps(result.to_dict(), indent=2, sort_keys=True, default=str), (
+            result.exit_code
+        )
+    return result.format(fixes=fixes), result.exit_code

@@ -7,8 +7,8 @@ none of these.  The lab uses skiplock's public API plus its own SQL; the core kn
 nothing of it.
 """
 
-from ._race import RaceError, RaceResult, race_strategy, run_race
-from ._replay import Timeline, replay
+from ._race import Drain, RaceError, RaceResult, race_prepared, race_strategy, run_race
+from ._replay import SCHEDULES, Timeline, replay, replay_prepared
 from ._steps import (
     Event,
     Permutation,
@@ -41,10 +41,12 @@ from ._strategies import (
 
 __all__ = [
     "DEFAULT_STRATEGY",
+    "SCHEDULES",
     "STRATEGIES",
     "ClaimContext",
     "ClaimOutcome",
     "ClaimStep",
+    "Drain",
     "Event",
     "Permutation",
     "RaceError",
@@ -64,8 +66,10 @@ __all__ = [
     "custom_strategy",
     "get_strategy",
     "lab_statement",
+    "race_prepared",
     "race_strategy",
     "replay",
+    "replay_prepared",
     "run_permutation",
     "run_race",
     "run_steps",

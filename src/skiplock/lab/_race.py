@@ -5,6 +5,10 @@ loops: claim a batch, "work" (sleep ``work_ms`` per job), complete, until no job
 pending.  Every id a claim returned is recorded, so double claims are counted exactly,
 not inferred.  A separate connection samples ``pg_stat_activity`` for the workers'
 sessions (by application_name) to measure how much of their time goes to lock waits.
+
+``race_prepared`` runs the same workers on a table the caller created and seeded (a
+user's own queue table, for ``skiplock audit``): the caller says how to claim and how a
+worker tells that nothing is left, and the lab neither seeds, completes nor drops.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from skiplock import SkiplockError
 from ._strategies import (
     QUEUE,
     ClaimContext,
+    Strategy,
     claim_transaction,
     drop_scratch,
     get_strategy,
@@ -34,7 +39,7 @@ from ._strategies import (
     seed_scratch,
 )
 
-__all__ = ["RaceError", "RaceResult", "race_strategy", "run_race"]
+__all__ = ["Drain", "RaceError", "RaceResult", "race_prepared", "race_strategy", "run_race"]
 
 
 class RaceError(SkiplockError):
@@ -60,6 +65,26 @@ class WorkerSpec:
     work_ms: float
     application_name: str
     timeout: float
+
+
+def _always(_ids: list[int]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Drain:
+    """How a worker claims from a table the lab did not seed, and when it stops.
+
+    ``pending(conn)`` is asked after every claim that came back empty: True means rows
+    remain (locked by others, say) and the worker claims again.  ``claimed(ids)`` is told
+    every non-empty claim: False stops the worker (a claim that keeps handing back the
+    same rows never comes back empty).  Nothing is completed: the claim itself must move
+    rows out of reach.  Threads only (not picklable).
+    """
+
+    strategy: Strategy
+    pending: Callable[[psycopg.Connection[Any]], bool]
+    claimed: Callable[[list[int]], bool] = _always
 
 
 @dataclass
@@ -88,11 +113,13 @@ def _work(work_ms: float) -> Callable[[list[int]], None]:
     return work
 
 
-def run_worker(spec: WorkerSpec, start: _Barrier) -> WorkerReport:
+def run_worker(spec: WorkerSpec, start: _Barrier, drain: Drain | None = None) -> WorkerReport:
     """Drain the scratch queue with ``spec.strategy`` until nothing is pending.
 
     ``start`` is a barrier shared with the other workers and the coordinator: every
     worker connects first, then all begin at once, as replicas polling together do.
+    With ``drain``, its strategy claims and its ``pending`` decides when to stop, and
+    claimed jobs are not completed (the table is not skiplock's).
     """
     report = WorkerReport(spec.index)
     try:
@@ -102,7 +129,7 @@ def run_worker(spec: WorkerSpec, start: _Barrier) -> WorkerReport:
         report.error = f"connect: {exc}"
         return report
     with conn:
-        strategy = get_strategy(spec.strategy)
+        strategy = drain.strategy if drain is not None else get_strategy(spec.strategy)
         ctx = ClaimContext(worker=f"w{spec.index}", limit=spec.batch)
         pending = lab_statement("pending_exists", spec.schema)
         complete = lab_statement("complete", spec.schema)
@@ -134,12 +161,19 @@ def run_worker(spec: WorkerSpec, start: _Barrier) -> WorkerReport:
                     report.ids.extend(outcome.ids)
                     if not strategy.holds_lock:
                         work(outcome.ids)
-                        report.deadlocks += _complete(conn, complete, outcome.ids)
+                        if drain is None:
+                            report.deadlocks += _complete(conn, complete, outcome.ids)
+                    if drain is not None and not drain.claimed(outcome.ids):
+                        break
                     continue
                 report.empty_claims += 1
-                row = conn.execute(pending, {"queue": QUEUE}).fetchone()
-                if not row or not row[0]:
-                    break
+                if drain is not None:
+                    if not drain.pending(conn):
+                        break
+                else:
+                    row = conn.execute(pending, {"queue": QUEUE}).fetchone()
+                    if not row or not row[0]:
+                        break
                 if period <= 0:
                     # Pending rows we could not take are held by someone about to commit;
                     # yield the CPU rather than spin on the same locked rows.
@@ -232,6 +266,11 @@ class RaceResult:
     poll_ms: float
     work_ms: float
     processes: bool
+    # The smallest ids claimed more than once (at most 20): which jobs to look at.
+    duplicate_ids: list[int] = field(default_factory=list)
+    # race_prepared only: rows a worker got back that it had claimed itself before.  The
+    # lab completes nothing there, so these are not double claims (see race_prepared).
+    reclaims: int = 0
 
     @property
     def serialization_retry_rate(self) -> float:
@@ -254,7 +293,11 @@ def _percentile_ms(values: Sequence[float], p: float) -> float:
 
 
 def _run_workers(
-    specs: list[WorkerSpec], processes: bool, timeout: float, on_start: Callable[[], None]
+    specs: list[WorkerSpec],
+    processes: bool,
+    timeout: float,
+    on_start: Callable[[], None],
+    drains: Sequence[Drain] | None = None,
 ) -> list[WorkerReport]:
     """Run one worker per spec; ``on_start`` is called the moment they all begin."""
     n = len(specs)
@@ -264,7 +307,7 @@ def _run_workers(
         reports: list[WorkerReport | None] = [None] * n
 
         def target(i: int) -> None:
-            reports[i] = run_worker(specs[i], barrier)
+            reports[i] = run_worker(specs[i], barrier, drains[i] if drains else None)
 
         threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
         for t in threads:
@@ -372,12 +415,7 @@ def race_strategy(
     ]
     sampler = _Sampler(dsn, name, prefix, sample_ms / 1000.0)
     try:
-        reports = _run_workers(specs, processes, timeout, sampler.start)
-    finally:
-        sampler.stop.set()
-        if sampler.is_alive():
-            sampler.join()
-    try:
+        reports = _sampled(specs, processes, timeout, sampler)
         with psycopg.connect(dsn, autocommit=True, application_name="skiplock-race") as conn:
             counts: dict[str, int] = dict(
                 conn.execute(lab_statement("status_counts", name)).fetchall()
@@ -385,22 +423,133 @@ def race_strategy(
     finally:
         if not keep_schema:
             drop_scratch(dsn, name, terminate_prefix=prefix)
+    return _summary(strategy, specs, reports, sampler, jobs, int(counts.get("done", 0)), processes)
+
+
+def race_prepared(
+    dsn: str,
+    strategy: Strategy,
+    *,
+    jobs: int,
+    pending: Callable[[], Callable[[psycopg.Connection[Any]], bool]],
+    claimed: Callable[[], Callable[[list[int]], bool]] | None = None,
+    workers: int = 8,
+    batch: int = 10,
+    schema: str = "public",
+    application_name: str = "skiplock-race",
+    poll_ms: float = 0.0,
+    work_ms: float = 0.0,
+    timeout: float = 600.0,
+    sample_ms: float = 10.0,
+) -> RaceResult:
+    """Race ``strategy`` over rows the caller seeded; nothing is seeded, completed or dropped.
+
+    Parameters
+    ----------
+    dsn
+        The server, as the workers connect to it (a ``search_path`` in its options
+        applies to every worker).
+    strategy
+        The claim, any :class:`Strategy` (a user's statement via ``custom_strategy``).
+    jobs
+        Rows the caller seeded: the throughput is jobs per second of the drain.
+    pending
+        Called once per worker for its own "is anything left?" check (see :class:`Drain`),
+        so a check may keep per-worker state.
+    claimed
+        Likewise, for the worker's check after each non-empty claim (default: go on).
+    workers, batch, poll_ms, work_ms, timeout, sample_ms
+        As in :func:`race_strategy`; threads only.
+    schema
+        Passed to the strategy's ``render``.
+    application_name
+        Prefix of the workers' ``application_name``: ``<prefix>w<i>``.
+
+    Returns
+    -------
+    RaceResult
+        ``jobs_done`` counts the rows claimed at least once (nothing is completed).  A
+        double claim is a row claimed by two workers; a worker getting back a row it
+        claimed itself is counted in ``reclaims`` instead: it would have finished that
+        job first, had the lab completed anything.
+
+    Raises
+    ------
+    RaceError
+        A worker failed or the drain timed out.
+    """
+    if workers < 1 or jobs < 0 or batch < 1:
+        raise ValueError("workers and batch must be at least 1, jobs at least 0")
+    specs = [
+        WorkerSpec(
+            i,
+            dsn,
+            schema,
+            strategy.name,
+            batch,
+            poll_ms,
+            work_ms,
+            f"{application_name}w{i}"[:63],
+            timeout,
+        )
+        for i in range(workers)
+    ]
+    drains = [Drain(strategy, pending(), claimed() if claimed else _always) for _ in specs]
+    sampler = _Sampler(dsn, schema, application_name, sample_ms / 1000.0)
+    reports = _sampled(specs, False, timeout, sampler, drains)
+    taken = len({i for r in reports for i in r.ids})
+    return _summary(strategy.name, specs, reports, sampler, jobs, taken, False, per_worker=True)
+
+
+def _sampled(
+    specs: list[WorkerSpec],
+    processes: bool,
+    timeout: float,
+    sampler: _Sampler,
+    drains: Sequence[Drain] | None = None,
+) -> list[WorkerReport]:
+    """Run the workers with the lock-wait sampler going from the moment they start."""
+    try:
+        return _run_workers(specs, processes, timeout, sampler.start, drains)
+    finally:
+        sampler.stop.set()
+        if sampler.is_alive():
+            sampler.join()
+
+
+def _summary(
+    strategy: str,
+    specs: list[WorkerSpec],
+    reports: list[WorkerReport],
+    sampler: _Sampler,
+    jobs: int,
+    jobs_done: int,
+    processes: bool,
+    *,
+    per_worker: bool = False,
+) -> RaceResult:
+    """The numbers of one drain; the first failed worker's reason as a RaceError.
+
+    ``per_worker``: a row counts once per worker that claimed it (see race_prepared).
+    """
     failed = [r for r in reports if r.error or r.timed_out]
     if failed:
         r = failed[0]
-        why = r.error or f"timed out after {timeout:.0f}s"
+        why = r.error or f"timed out after {specs[0].timeout:.0f}s"
         raise RaceError(f"race {strategy}: worker {r.index}: {why}")
-    ids = Counter(i for r in reports for i in r.ids)
-    claims = sum(ids.values())
+    claims = sum(len(r.ids) for r in reports)
+    ids = Counter(i for r in reports for i in (set(r.ids) if per_worker else r.ids))
+    reclaims = claims - sum(ids.values())
     started = min(r.started for r in reports)
     seconds = max(max(r.finished for r in reports) - started, 1e-9)
     latencies = [x for r in reports for x in r.latencies]
+    spec = specs[0]
     return RaceResult(
         strategy=strategy,
-        workers=workers,
+        workers=len(specs),
         jobs=jobs,
         claims=claims,
-        double_claims=claims - len(ids),
+        double_claims=sum(ids.values()) - len(ids),
         duplicate_jobs=sum(1 for n in ids.values() if n > 1),
         throughput=round(jobs / seconds, 1),
         latency_p50_ms=_percentile_ms(latencies, 50),
@@ -415,12 +564,14 @@ def race_strategy(
         claim_calls=len(latencies),
         empty_claims=sum(r.empty_claims for r in reports),
         unclaimed_jobs=jobs - len(ids),
-        jobs_done=int(counts.get("done", 0)),
+        jobs_done=jobs_done,
         lock_wait_samples=sampler.samples,
-        batch=batch,
-        poll_ms=poll_ms,
-        work_ms=work_ms,
+        batch=spec.batch,
+        poll_ms=spec.poll_ms,
+        work_ms=spec.work_ms,
         processes=processes,
+        duplicate_ids=sorted(i for i, n in ids.items() if n > 1)[:20],
+        reclaims=reclaims,
     )
 
 

@@ -5,10 +5,16 @@ seen blocked (``pg_blocking_pids``), A commits and B's claim is waited for; then
 commit.  For ``naive`` that shows the incident: B blocks, A commits, and B returns the
 same jobs 1, 2, 3.  For ``skip-locked`` B takes 4, 5, 6 without waiting.  A strategy that
 retries serialization failures retries here too, and the retry is on the timeline.
+
+Some claims race only when the other claim commits while B's statement is already
+running, yet never make B wait on A (an advisory lock re-taken after A's commit, say).
+The "held" schedule shows those: a third session H row-locks one job, so B's claim is
+held mid-statement, after its snapshot; A claims and commits meanwhile; then H lets go.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,7 +23,7 @@ import psycopg
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from ._steps import Event, Session, StepDriver, StepHandle
+from ._steps import Event, Query, Session, StepDriver, StepHandle, StepTimeout
 from ._strategies import (
     ClaimContext,
     ClaimStep,
@@ -27,7 +33,11 @@ from ._strategies import (
     scratch_schema,
 )
 
-__all__ = ["Timeline", "replay"]
+__all__ = ["SCHEDULES", "Timeline", "replay", "replay_prepared"]
+
+# "A first": the postmortem's psql windows.  "B held": B is held mid-claim by H's row lock
+# while A claims and commits.
+SCHEDULES = ("A first", "B held")
 
 
 @dataclass
@@ -40,12 +50,38 @@ class Timeline:
     events: list[Event] = field(default_factory=list)
     holds: dict[str, list[int]] = field(default_factory=dict)
     begin: str = "BEGIN"
+    schedule: str = "A first"
+    # The claim writes nothing: a session holds its rows only until its transaction ends,
+    # so B taking A's rows after A's COMMIT is no double claim.
+    released_at_commit: bool = False
 
     @property
     def double_claimed(self) -> list[int]:
-        """Jobs both sessions hold."""
+        """Jobs both sessions hold (at the same time, for a claim released at commit)."""
         a, b = (set(self.holds.get(s, [])) for s in ("A", "B"))
+        if self.released_at_commit and not self._held_together():
+            return []
         return sorted(a & b)
+
+    def _span(self, session: str) -> tuple[int, int]:
+        """From the event that handed ``session`` its rows to the end of its transaction."""
+        got = [
+            e.seq
+            for e in self.events
+            if e.session == session and e.status == "returned" and e.ids and not e.step.isupper()
+        ]
+        if not got:
+            return (0, -1)
+        ends = [
+            e.seq
+            for e in self.events
+            if e.session == session and e.step in ("COMMIT", "ROLLBACK") and e.seq > got[-1]
+        ]
+        return (got[-1], ends[0] if ends else len(self.events) + 1)
+
+    def _held_together(self) -> bool:
+        (a0, a1), (b0, b1) = self._span("A"), self._span("B")
+        return a0 < b1 and b0 < a1
 
     def blocked(self, session: str) -> bool:
         """Whether ``session`` was ever seen waiting on the other."""
@@ -58,6 +94,8 @@ class Timeline:
             "jobs": self.jobs,
             "limit": self.limit,
             "begin": self.begin,
+            "schedule": self.schedule,
+            "released_at_commit": self.released_at_commit,
             "events": [asdict(e) for e in self.events],
             "holds": self.holds,
             "double_claimed": self.double_claimed,
@@ -69,8 +107,13 @@ class Timeline:
         lines = [
             f"replay {self.strategy}: {self.jobs} pending jobs, each claim takes up to "
             f"{self.limit}, sessions A and B, each transaction opened with {self.begin}",
-            f"{'#':>3}  {'session':<7}  {'step':<9}  {'outcome':<8}  ids / detail",
         ]
+        if self.schedule == "B held":
+            lines.append(
+                "schedule: H row-locks one job, so B's claim is held mid-statement while A "
+                "claims and commits; then H commits"
+            )
+        lines.append(f"{'#':>3}  {'session':<7}  {'step':<9}  {'outcome':<8}  ids / detail")
         for e in self.events:
             if e.status == "blocked":
                 what = "waiting for " + ", ".join(e.blocked_by)
@@ -81,12 +124,18 @@ class Timeline:
             line = f"{e.seq:>3}  {e.session:<7}  {e.step:<9}  {e.status:<8}  {what}"
             lines.append(line.rstrip())
         a, b = self.holds.get("A", []), self.holds.get("B", [])
-        verdict = (
-            f"DOUBLE CLAIM: both hold {_ids(self.double_claimed)}"
-            if self.double_claimed
-            else "disjoint: no job held twice"
-        )
-        waits = "B waited for A" if self.blocked("B") else "no session waited"
+        if self.double_claimed:
+            verdict = f"DOUBLE CLAIM: both hold {_ids(self.double_claimed)}"
+        elif set(a) & set(b):
+            verdict = "not held at the same time: B got them once A's COMMIT released them"
+        else:
+            verdict = "disjoint: no job held twice"
+        if not self.blocked("B"):
+            waits = "no session waited"
+        elif self.schedule == "B held":
+            waits = "B waited for H"
+        else:
+            waits = "B waited for A"
         lines.append(f"A holds {_ids(a) or '-'}; B holds {_ids(b) or '-'}; {verdict}; {waits}")
         return "\n".join(lines)
 
@@ -113,7 +162,12 @@ class _Replayer:
         return ClaimContext(worker=session.name, limit=self.limit)
 
     def _send(self, s: Session, step: ClaimStep, ids: list[int]) -> StepHandle:
-        return s.start(step.render(self.schema), step.params(self._ctx(s), ids), label=step.label)
+        return s.start(
+            step.render(self.schema),
+            step.params(self._ctx(s), ids),
+            label=step.label,
+            id_column=step.id_column,
+        )
 
     def claim(self, s: Session, *, on_block: Callable[[], None] | None = None) -> list[int] | None:
         """Run the claim steps on ``s``; None if a step failed (the transaction is dead)."""
@@ -134,6 +188,83 @@ class _Replayer:
             for step in self.strategy.finish:
                 self._send(s, step, ids).result()
         s.run("COMMIT")
+
+
+class _InFlight:
+    """One session's claim, its steps sent one after another, polled rather than awaited.
+
+    The held schedule has three sessions that may wait on each other in any order, so
+    the script looks at each claim in turn instead of waiting on one.
+    """
+
+    def __init__(self, run: _Replayer, session: Session) -> None:
+        self.run, self.session = run, session
+        self.index = 0
+        self.ids: list[int] = []
+        self.failed = False
+        self.handle = run._send(session, run.strategy.steps[0], [])
+
+    def poll(self) -> str:
+        """Say "blocked", "done" or "failed"; a finished step sends the next one."""
+        while True:
+            if self.run.d.settle(self.handle) == "blocked":
+                return "blocked"
+            res = self.handle.outcome()
+            if res.error is not None:
+                self.failed = True
+                return "failed"
+            self.ids = res.ids
+            self.index += 1
+            if self.index == len(self.run.strategy.steps):
+                return "done"
+            step = self.run.strategy.steps[self.index]
+            self.handle = self.run._send(self.session, step, self.ids)
+
+    def end(self) -> list[int]:
+        """Commit a claim that got through (finish steps first), roll back a failed one."""
+        if self.failed:
+            self.session.run("ROLLBACK")
+            return []
+        self.run.finish(self.session, self.ids)
+        return self.ids
+
+
+def _held(run: _Replayer, hold: Query, timeout: float) -> dict[str, list[int]]:
+    """The held schedule: H row-locks a job; B claims and is held; A claims and commits."""
+    d, begin = run.d, run.strategy.begin_sql()
+    h, a, b = d.session("H"), d.session("A"), d.session("B")
+    h.run("BEGIN", label="BEGIN")
+    h.run(hold, label="hold")
+    b.run(begin, label="BEGIN")
+    claims = {"B": _InFlight(run, b)}
+    status = {"B": claims["B"].poll()}
+    if status["B"] == "blocked":
+        # B is held after its snapshot: A claims and, if nothing holds it up, commits.
+        a.run(begin, label="BEGIN")
+        claims["A"] = _InFlight(run, a)
+        status["A"] = claims["A"].poll()
+    holds: dict[str, list[int]] = {}
+    for name in [n for n, st in status.items() if st != "blocked"]:
+        holds[name] = claims.pop(name).end()
+    h.run("COMMIT", label="COMMIT")
+    deadline = time.monotonic() + timeout
+    while claims:
+        # Whoever got through commits, which may release the other; a deadlock between
+        # them is broken by the server and shows as a failed claim.
+        for name in list(claims):
+            if claims[name].poll() != "blocked":
+                holds[name] = claims.pop(name).end()
+        if claims and time.monotonic() > deadline:
+            raise StepTimeout(f"held replay: {', '.join(claims)} still blocked after {timeout}s")
+    if "A" not in holds:
+        # B was not held (it skipped the locked job, say): A claims after B, as usual.
+        a.run(begin, label="BEGIN")
+        claim = _InFlight(run, a)
+        while claim.poll() == "blocked":
+            if time.monotonic() > deadline:
+                raise StepTimeout(f"held replay: A still blocked after {timeout}s")
+        holds["A"] = claim.end()
+    return {"A": holds.get("A", []), "B": holds.get("B", [])}
 
 
 def replay(
@@ -178,40 +309,117 @@ def replay(
     """
     strategy = _resolve(claim)
     with scratch_schema(dsn, jobs, schema=schema) as name:
-        prefix = f"skiplock-lab:{name}"
-        with StepDriver(dsn, timeout=timeout, application_name=prefix) as d:
-            run = _Replayer(d, strategy, name, limit)
-            a, b = d.session("A"), d.session("B")
-            a.run(strategy.begin_sql(), label="BEGIN")
-            held_a = run.claim(a) or []
-            a_open = True
+        return replay_prepared(
+            dsn,
+            strategy,
+            schema=name,
+            jobs=jobs,
+            limit=limit,
+            timeout=timeout,
+            application_name=f"skiplock-lab:{name}",
+        )
 
-            def commit_a() -> None:
-                nonlocal a_open
-                run.finish(a, held_a)
-                a_open = False
 
-            held_b: list[int] = []
-            attempts = 0
-            while True:
-                attempts += 1
-                b.run(strategy.begin_sql(), label="BEGIN")
-                got = run.claim(b, on_block=commit_a if a_open else None)
-                if got is not None:
-                    held_b = got
-                    break
-                failed = d.events[-1]  # the failed step, recorded before the ROLLBACK
-                b.run("ROLLBACK")
-                retryable = strategy.retry_serialization and _is_serialization(failed)
-                if not retryable or attempts > 3:
-                    break
-            if a_open:
-                commit_a()
-            if held_b or b.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                run.finish(b, held_b)
+def replay_prepared(
+    dsn: str,
+    strategy: Strategy,
+    *,
+    schema: str,
+    jobs: int,
+    limit: int = 3,
+    timeout: float = 10.0,
+    application_name: str = "skiplock-lab",
+    hold: Query | None = None,
+    released_at_commit: bool = False,
+) -> Timeline:
+    """Replay ``strategy`` on a schema the caller created and seeded; nothing is dropped.
+
+    This is :func:`replay` without the scratch skiplock schema, for a table the caller
+    owns (``skiplock audit`` runs a user's own DDL and claim this way).
+
+    Parameters
+    ----------
+    dsn
+        The server, as the sessions connect to it (a ``search_path`` in its options
+        applies to every session).
+    strategy
+        The claim; each step is rendered with ``schema``.
+    schema
+        Passed to the steps' ``render``.
+    jobs
+        Pending rows the caller seeded (shown in the timeline's header).
+    limit
+        The claim context's ``limit``.
+    timeout
+        Seconds any one step may take to finish or block.
+    application_name
+        Prefix of the sessions' ``application_name``.
+    hold
+        Run the "B held" schedule instead: session H opens a transaction and runs this
+        statement (a row lock on the first job, say); B claims and is held by it; A
+        claims and commits; H commits; B's claim is waited for.  Without it: "A first".
+    released_at_commit
+        The claim writes nothing (a plain ``SELECT ... FOR UPDATE``): its rows are held
+        only while its transaction is open (see :attr:`Timeline.released_at_commit`).
+
+    Returns
+    -------
+    Timeline
+    """
+    with StepDriver(dsn, timeout=timeout, application_name=application_name) as d:
+        run = _Replayer(d, strategy, schema, limit)
+        if hold is not None:
+            holds = _held(run, hold, timeout)
             events = list(d.events)
+            return Timeline(
+                strategy.name,
+                jobs,
+                limit,
+                events,
+                holds,
+                strategy.begin_sql(),
+                "B held",
+                released_at_commit,
+            )
+        a, b = d.session("A"), d.session("B")
+        a.run(strategy.begin_sql(), label="BEGIN")
+        held_a = run.claim(a) or []
+        a_open = True
+
+        def commit_a() -> None:
+            nonlocal a_open
+            run.finish(a, held_a)
+            a_open = False
+
+        held_b: list[int] = []
+        attempts = 0
+        while True:
+            attempts += 1
+            b.run(strategy.begin_sql(), label="BEGIN")
+            got = run.claim(b, on_block=commit_a if a_open else None)
+            if got is not None:
+                held_b = got
+                break
+            failed = d.events[-1]  # the failed step, recorded before the ROLLBACK
+            b.run("ROLLBACK")
+            retryable = strategy.retry_serialization and _is_serialization(failed)
+            if not retryable or attempts > 3:
+                break
+        if a_open:
+            commit_a()
+        if held_b or b.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            run.finish(b, held_b)
+        events = list(d.events)
     holds = {"A": held_a, "B": held_b}
-    return Timeline(strategy.name, jobs, limit, events, holds, strategy.begin_sql())
+    return Timeline(
+        strategy.name,
+        jobs,
+        limit,
+        events,
+        holds,
+        strategy.begin_sql(),
+        released_at_commit=released_at_commit,
+    )
 
 
 def _is_serialization(event: Event) -> bool:

@@ -141,6 +141,8 @@ class StepResult:
     blocked: bool = False
     elapsed: float = 0.0
     value: Any = None
+    # The column holding the job keys, when the step names it (a table keyed by msg_id).
+    id_column: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -148,14 +150,19 @@ class StepResult:
 
     @property
     def ids(self) -> list[int]:
-        """The ``id`` column of the rows (else the first column), integers only.
+        """The ``id_column`` of the rows (default: ``id``, else the first), integers only.
 
         A step that returns something other than job ids (``SELECT pg_advisory_lock``,
         say) has no ids, rather than an error.
         """
         if not self.rows or not self.columns:
             return []
-        col = self.columns.index("id") if "id" in self.columns else 0
+        if self.id_column is not None:
+            if self.id_column not in self.columns:
+                return []
+            col = self.columns.index(self.id_column)
+        else:
+            col = self.columns.index("id") if "id" in self.columns else 0
         values = [r[col] for r in self.rows]
         return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
 
@@ -281,7 +288,14 @@ class Session:
         self._tasks.put(task)
         return handle
 
-    def start(self, query: Query, params: Params = None, *, label: str | None = None) -> StepHandle:
+    def start(
+        self,
+        query: Query,
+        params: Params = None,
+        *,
+        label: str | None = None,
+        id_column: str | None = None,
+    ) -> StepHandle:
         """Send one statement to this session's thread; return at once.
 
         Parameters
@@ -292,6 +306,8 @@ class Session:
             Its parameters (``%(name)s`` or ``%s`` placeholders).
         label
             The step's name in the timeline; default: the statement's first words.
+        id_column
+            The result column holding job keys (see :attr:`StepResult.ids`).
         """
         name = label or _label_of(query)
         name_of_session = self.name
@@ -303,7 +319,11 @@ class Session:
                     cur.execute(query, params)
                 except psycopg.Error as exc:
                     return StepResult(
-                        name_of_session, name, error=exc, elapsed=time.perf_counter() - t0
+                        name_of_session,
+                        name,
+                        error=exc,
+                        elapsed=time.perf_counter() - t0,
+                        id_column=id_column,
                     )
                 described = cur.description is not None
                 return StepResult(
@@ -313,6 +333,7 @@ class Session:
                     columns=[c.name for c in cur.description or ()],
                     status=cur.statusmessage,
                     elapsed=time.perf_counter() - t0,
+                    id_column=id_column,
                 )
 
         return self._submit(name, body)

@@ -112,6 +112,8 @@ class ClaimStep:
     label: str
     render: Callable[[str], Query]
     params: ParamsFn = _standard_params
+    # The result column holding the job keys; None: ``id``, else the first column.
+    id_column: str | None = None
 
 
 @dataclass(frozen=True)
@@ -286,12 +288,15 @@ def custom_strategy(
 # -- running a claim ------------------------------------------------------------------
 
 
-def ids_of(cur: psycopg.Cursor[Any]) -> list[int]:
-    """The ``id`` column of the rows a claim returned (the first column if none is named so)."""
+def ids_of(cur: psycopg.Cursor[Any], column: str | None = None) -> list[int]:
+    """The ``column`` of the rows a claim returned (default ``id``, else the first column)."""
     if cur.description is None:
         return []
     names = [c.name for c in cur.description]
-    col = names.index("id") if "id" in names else 0
+    if column is not None and column in names:
+        col = names.index(column)
+    else:
+        col = names.index("id") if "id" in names else 0
     return [int(row[col]) for row in cur.fetchall()]
 
 
@@ -311,7 +316,7 @@ def run_steps(
     with conn.cursor() as cur:
         for step in steps:
             cur.execute(step.render(schema), step.params(ctx, current))
-            current = ids_of(cur)
+            current = ids_of(cur, step.id_column)
     return current
 
 
