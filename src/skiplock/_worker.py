@@ -305,7 +305,7 @@ class Worker:
             if self.retention is not None and now >= next_prune:
                 self._prune()
                 next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
-            free = self.capacity - self._pool.load()
+            free = self.capacity - self._held()
             saturated = self._more
             if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
@@ -327,7 +327,7 @@ class Worker:
         timeout = self.poll_interval
         if self.job_timeout:
             timeout = min(timeout, max(self.job_timeout / 4, 0.05))
-        if saturated and self.capacity - self._pool.load() >= self._refill_batch:
+        if saturated and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
         self._wake.wait(timeout)
         self._wake.clear()
@@ -398,12 +398,19 @@ class Worker:
         return run_handler(self._handlers[job.queue], job, self.job_timeout)
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
+        # The slot frees when the writer has written the outcome (_forget), not now.
         self._results.put((job, outcome))
-        assert self._pool is not None
-        # Wake the claim loop only when a refill batch fits and work is known to wait;
-        # new work otherwise arrives by NOTIFY or the poll.
-        if self._more and self.capacity - self._pool.load() >= self._refill_batch:
-            self._wake.set()
+
+    def _held(self) -> int:
+        """Jobs this worker holds a lease on: queued, running, or awaiting their write.
+
+        Capacity is counted on these, not on busy handler threads: otherwise a writer
+        that lags (a slow or unreachable database) lets the claim loop take ever more
+        jobs whose outcomes pile up unwritten, in ever larger batches, until their
+        leases run out under a live worker.
+        """
+        with self._inflight_lock:
+            return len(self._inflight)
 
     # -- writer: fenced writes and heartbeats --------------------------------------------
 
@@ -501,6 +508,11 @@ class Worker:
         with self._inflight_lock:
             for job in jobs:
                 self._inflight.pop(job.id, None)
+            held = len(self._inflight)
+        # Wake the claim loop only when a refill batch fits and work is known to wait;
+        # new work otherwise arrives by NOTIFY or the poll.
+        if self._more and self.capacity - held >= self._refill_batch:
+            self._wake.set()
 
     def _heartbeat(self) -> None:
         assert self._q is not None

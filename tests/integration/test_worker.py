@@ -327,3 +327,25 @@ def test_worker_retention_prunes_finished_jobs(queue: Queue) -> None:
     with running(w):
         wait_until(lambda: counts(queue) == {}, what="finished jobs pruned")
     assert w.stats.completed == 30
+
+
+def test_claims_stay_within_capacity_while_the_writer_lags(queue: Queue) -> None:
+    """Finished-but-unwritten jobs still hold a lease and count against capacity."""
+    gate = threading.Event()
+
+    class SlowWriter(Worker):
+        def _write(self, *args: Any, **kwargs: Any) -> None:
+            gate.wait(30)  # the database is slow to take completions
+            super()._write(*args, **kwargs)
+
+    queue.enqueue_many([{}] * 500)
+    w = SlowWriter(queue, lambda job: None, concurrency=4, prefetch=2, lease=30)
+    with running(w):
+        wait_until(lambda: w.stats.claimed >= 6, what="first claims")
+        for _ in range(50):  # the claim loop gets every chance to overreach
+            time.sleep(0.01)
+            assert len(w.inflight()) <= w.capacity
+        assert w.stats.claimed <= w.capacity
+        gate.set()
+        wait_until(lambda: counts(queue).get("done") == 500, what="drain")
+    assert w.stats.claimed == 500
