@@ -1,0 +1,164 @@
+"""skiplock under the bench: its public API only (Queue, Worker), as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from skiplock import Job, Queue, Worker
+
+from .procs import Channel, ChildResult, ChildSpec
+
+NAME = "skiplock"
+SCHEMA = "bench"
+# The worker's own "completed" event fires once the fenced write has committed, so the
+# bench process can stop the clock at the N-th persisted completion.
+SELF_STOPPING = False
+CHUNK = 100_000  # enqueue_many rows per COPY for very large loads
+
+
+def available() -> bool:
+    return True
+
+
+def _queue(dsn: str, schema: str, name: str = "bench", size: int = 2) -> Queue:
+    q = Queue(dsn, schema=schema, application_name=f"skiplock-{name}", max_size=size)
+    with q.connection():  # the pool's first connection is not the enqueue's cost
+        pass
+    return q
+
+
+def setup(dsn: str, schema: str = SCHEMA) -> None:
+    """A fresh, migrated schema: the "fresh table" every drain starts from."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+    with Queue(dsn, schema=schema, max_size=1) as q:
+        q.migrate()
+
+
+reset = setup
+
+
+def enqueue_bulk(dsn: str, n: int, schema: str = SCHEMA, first: int = 0) -> float:
+    """Seconds to add n jobs through enqueue_many (one COPY per CHUNK rows)."""
+    payloads = [{"n": first + i} for i in range(n)]
+    with _queue(dsn, schema) as q:
+        start = time.perf_counter()
+        for lo in range(0, n, CHUNK):
+            q.enqueue_many(payloads[lo : lo + CHUNK])
+        return time.perf_counter() - start
+
+
+def enqueue_single(dsn: str, m: int, schema: str = SCHEMA) -> float:
+    """Seconds for m enqueue() calls, one after another from one client."""
+    with _queue(dsn, schema) as q:
+        start = time.perf_counter()
+        for i in range(m):
+            q.enqueue({"n": i})
+        return time.perf_counter() - start
+
+
+def db_state(dsn: str, n: int, schema: str = SCHEMA, since_id: int = 0) -> tuple[str, bool]:
+    """Every job (of those after ``since_id``) done, none pending, running or failed?"""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT status, count(*) FROM {}.jobs WHERE id > %s GROUP BY 1 ORDER BY 1"
+            ).format(sql.Identifier(schema)),
+            (since_id,),
+        ).fetchall()
+    counts = {str(s): int(c) for s, c in rows}
+    text = ", ".join(f"{s} {c}" for s, c in counts.items()) or "empty"
+    return text, counts.get("done", 0) == n and sum(counts.values()) == n
+
+
+def claim_latencies(dsn: str, schema: str, samples: int, batch: int = 10) -> list[float]:
+    """Seconds per Queue.claim(limit=batch), one after another from one client."""
+    out: list[float] = []
+    with _queue(dsn, schema) as q:
+        for _ in range(samples):
+            start = time.perf_counter()
+            q.claim(worker="bench-claim-probe", limit=batch, lease=600.0)
+            out.append(time.perf_counter() - start)
+    return out
+
+
+def _worker(spec: ChildSpec, handler: Any, on_event: Any) -> tuple[Queue, Worker]:
+    q = _queue(spec.dsn, spec.schema, spec.name, size=1)
+    kwargs: dict[str, Any] = {
+        "concurrency": spec.concurrency,
+        "lease": 30.0,
+        "name": spec.name,
+        "on_event": on_event,
+    }
+    kwargs.update(spec.options)
+    return q, Worker(q, handler, **kwargs)
+
+
+def drain_child(spec: ChildSpec, chan: Channel) -> None:
+    seen: list[int] = []  # list.append is atomic: handler threads need no lock
+    lock = threading.Lock()
+    done = 0
+
+    def handler(job: Job) -> None:
+        seen.append(job.payload["n"])
+
+    def on_event(event: str, job: Job) -> None:
+        nonlocal done
+        if event == "completed":
+            with lock:
+                done += 1
+                chan.progress[spec.index] = done
+
+    q, worker = _worker(spec, handler, on_event)
+    chan.ready[spec.index].set()
+    chan.go.wait()
+    thread = worker.start()
+    chan.stop.wait()
+    worker.stop()
+    thread.join(timeout=60)
+    q.close()
+    chan.report(
+        ChildResult(index=spec.index, pid=os.getpid(), seen=seen, stats=worker.stats.snapshot())
+    )
+
+
+def pickup_child(spec: ChildSpec, chan: Channel) -> None:
+    latencies: list[float] = []
+    seen: list[int] = []
+
+    def handler(job: Job) -> None:
+        t = time.monotonic()
+        latencies.append(t - job.payload["t0"])
+        seen.append(job.payload["n"])
+        chan.got.set()
+
+    q, worker = _worker(spec, handler, None)
+    thread = worker.start()
+    time.sleep(0.5)  # connected, listening and idle before the first job
+    chan.ready[spec.index].set()
+    chan.stop.wait()
+    worker.stop()
+    thread.join(timeout=60)
+    q.close()
+    chan.report(ChildResult(index=spec.index, pid=os.getpid(), seen=seen, latencies=latencies))
+
+
+def pickup_producer(dsn: str, chan: Channel, samples: int, gap: tuple[float, float]) -> int:
+    """Enqueue one job at a time, each after the previous one started; returns timeouts."""
+    import random
+
+    timeouts = 0
+    with _queue(dsn, SCHEMA) as q:
+        for i in range(samples):
+            chan.got.clear()
+            q.enqueue({"n": i, "t0": time.monotonic()})
+            if not chan.got.wait(10.0):
+                timeouts += 1
+            time.sleep(random.uniform(*gap))
+    return timeouts

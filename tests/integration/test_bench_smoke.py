@@ -1,0 +1,47 @@
+"""The bench still runs end to end (skiplock only, tiny N): it is a command people rely on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(600)
+def test_bench_runs_for_skiplock_with_tiny_n(dsn: str, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(BENCH)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "skiplock_bench",
+            "--tiny",
+            "--libs",
+            "skiplock",
+            "--dsn",
+            dsn,
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [md] = tmp_path.glob("*.md")
+    [png] = tmp_path.glob("*.png")
+    text = md.read_text(encoding="utf-8")
+    assert png.stat().st_size > 10_000
+    # Every section produced figures, and every run passed the exactly-once check.
+    for heading in ("## Drain", "## Enqueue", "## Pickup latency", "## Exactly-once"):
+        assert heading in text
+    assert "**0 run(s) not OK**" in text
+    assert "| skiplock | c8: 1 process x 8 | 300 | jobs/s |" in text
