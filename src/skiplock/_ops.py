@@ -234,7 +234,10 @@ def fenced(
             {"ids": [j.id for j in missing], "tokens": [j.lease_token for j in missing]},
         )
         for r in rows:
-            if r["status"] in _OUTCOMES[action]:
+            if r["current_lease"] and r["status"] in _OUTCOMES[action]:
+                result.done[int(r["id"])] = r
+            elif not r["current_lease"] and action in ("fail", "release"):
+                # Our hand-back committed and the job has moved on (re-claimed).
                 result.done[int(r["id"])] = r
     result.lost = [j.id for j in jobs if j.id not in result.done]
     return result

@@ -485,7 +485,7 @@ class Worker:
         if failed:
             res = self._q.fail_many(failed, _recheck=recheck)
             lost += res.lost
-            retried = sum(1 for r in res.done.values() if r["status"] == "pending")
+            retried = sum(1 for r in res.done.values() if r["status"] != "failed")
             self.stats.add(retried=retried, failed=len(res.done) - retried)
             self._forget([j for j, *_ in failed])
             for job, *_ in failed:
@@ -493,7 +493,7 @@ class Worker:
                 self._emit(
                     "lease_lost"
                     if r is None
-                    else ("retried" if r["status"] == "pending" else "failed"),
+                    else ("failed" if r["status"] == "failed" else "retried"),
                     job,
                 )
         if lost:

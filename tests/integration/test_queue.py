@@ -381,3 +381,30 @@ def test_enqueue_after_backends_were_terminated(dsn: str, schema: str, queue: Qu
         ids = [q.enqueue({"n": n}) for n in range(5)]  # no key: must not be retried blindly
     assert len(set(ids)) == 5
     assert len(queue.claim(worker="w", limit=10)) == 6
+
+
+def test_retried_handback_after_a_lost_reply_is_not_a_lost_lease(queue: Queue) -> None:
+    """fail committed, its reply was lost, another worker re-claimed: the retry must
+    still know the first try committed (handback_token), not report LeaseLost."""
+    from skiplock import _ops
+    from skiplock._queue import run_op
+    from skiplock._sql import statements
+
+    job_id = queue.enqueue({})
+    [mine] = queue.claim(worker="w1")
+    assert queue.fail(mine, "boom", delay=0) == "pending"  # committed; pretend the reply was lost
+    [theirs] = queue.claim(worker="w2")
+    assert theirs.id == job_id and theirs.lease_token != mine.lease_token
+    params = {"errors": ["boom"], "delays": [0.0], "retries": [True]}
+    with queue.connection() as conn:
+        blind = run_op(conn, _ops.fenced(statements(queue.schema), "fail", [mine], params))
+        retried = run_op(
+            conn, _ops.fenced(statements(queue.schema), "fail", [mine], params, recheck=True)
+        )
+    assert blind.lost == [job_id]  # without the re-check: indistinguishable from a lost lease
+    assert retried.lost == [] and job_id in retried.done
+    got = queue.get(job_id)
+    assert got is not None and got.status == "running" and got.worker == "w2"  # untouched
+    # A worker that never handed the job back still gets LeaseLost.
+    with pytest.raises(LeaseLost):
+        queue.complete(mine)

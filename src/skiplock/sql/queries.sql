@@ -61,7 +61,8 @@ SET status       = CASE WHEN f.retry AND j.attempts < j.max_attempts
     finished_at  = CASE WHEN f.retry AND j.attempts < j.max_attempts
                         THEN NULL ELSE now() END,
     locked_until = NULL,
-    last_error   = coalesce(f.error, j.last_error)
+    last_error   = coalesce(f.error, j.last_error),
+    handback_token = f.token  -- proof for a retry after a lost reply (fence_outcome)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[],
             %(delays)s::float8[], %(retries)s::bool[]) AS f(id, token, error, delay, retry)
 WHERE j.id = f.id
@@ -87,7 +88,8 @@ SET status       = 'pending',
     attempts     = greatest(j.attempts - 1, 0),
     worker       = NULL,
     started_at   = NULL,
-    locked_until = NULL
+    locked_until = NULL,
+    handback_token = f.token  -- proof for a retry after a lost reply (fence_outcome)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
@@ -97,11 +99,12 @@ RETURNING j.id;
 -- name: fence_outcome
 -- After a dropped connection the caller cannot know whether its fenced write committed.
 -- Tokens are kept on the row after the write, so "my token, in the state I asked for"
--- proves it did, and a retried write that matches nothing is not a lost lease.
-SELECT j.id, j.status
+-- proves it did, and a retried write that matches nothing is not a lost lease.  A
+-- hand-back also leaves its token in handback_token, which a re-claim does not touch.
+SELECT j.id, j.status, (j.lease_token = f.token) AS current_lease
 FROM {schema}.jobs AS j
 JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
-  ON j.id = f.id AND j.lease_token = f.token;
+  ON j.id = f.id AND (j.lease_token = f.token OR j.handback_token = f.token);
 
 -- name: sweep
 -- Leases that ran out go back to pending, claimable at once and in their old place

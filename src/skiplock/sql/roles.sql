@@ -53,7 +53,7 @@ GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT ON {schema}.jobs TO {role};
 GRANT UPDATE (status, run_at, attempts, worker, lease_token, locked_until, started_at,
-              finished_at, last_error, completions)
+              finished_at, last_error, completions, handback_token)
     ON {schema}.jobs TO {role};
 
 -- name: superusers
