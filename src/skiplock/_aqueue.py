@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import select
 from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
@@ -17,7 +16,8 @@ from ._base import (
     MakeOp,
     QueueBase,
     backoff,
-    is_connection_error,
+    give_up,
+    idle_connection_suspect,
     translate_error,
     unavailable,
 )
@@ -54,11 +54,8 @@ async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
 
 
 async def _acheck_idle_connection(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Async twin of ``_queue._check_idle_connection``: ping only a suspect connection."""
-    if conn.closed or conn.broken:
-        raise psycopg.OperationalError("connection is closed")
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    """The async pool's check: ping only a connection ``idle_connection_suspect`` flags."""
+    if idle_connection_suspect(conn):
         await AsyncConnectionPool.check_connection(conn)
 
 
@@ -158,23 +155,18 @@ class AsyncQueue(QueueBase):
                 async with self._pool.connection(timeout=self.settings.connect_timeout) as c:
                     sent = True
                     return await arun_op(c, make_op(attempt > 0))
-            except PoolTimeout as exc:
-                err: Exception = exc
-            except psycopg.Error as exc:
-                mapped = translate_error(exc, self.settings)
-                if mapped is not None:
-                    raise mapped from None
-                if not is_connection_error(exc):
-                    raise
-                if sent and not idempotent:
-                    raise DatabaseUnavailable(
-                        f"{what}: connection lost mid-statement; it may or may not have "
-                        "committed (pass an idempotency_key to make a retry safe)"
-                    ) from exc
-                err = exc
-            attempt += 1
-            if attempt > self.settings.op_retries:
-                raise unavailable(err, self.settings, what) from None
+            except (PoolTimeout, psycopg.Error) as exc:
+                attempt += 1
+                fatal = give_up(
+                    exc,
+                    sent=sent,
+                    idempotent=idempotent,
+                    attempt=attempt,
+                    settings=self.settings,
+                    what=what,
+                )
+                if fatal is not None:
+                    raise fatal  # noqa: B904 - give_up set the cause
             await asyncio.sleep(backoff(attempt))
 
     async def enqueue(

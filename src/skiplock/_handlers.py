@@ -113,7 +113,6 @@ class HandlerPool:
         self._name = name
         self._tasks: SimpleQueue[Job | None] = SimpleQueue()
         self._lock = threading.Lock()
-        self._queued = 0
         self._running: dict[int, _Running] = {}
         self._idle = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
@@ -129,14 +128,7 @@ class HandlerPool:
         self._threads.append(t)
         t.start()
 
-    def load(self) -> int:
-        """Jobs queued or running in live (not abandoned) threads."""
-        with self._lock:
-            return self._queued + len(self._running)
-
     def submit(self, job: Job) -> None:
-        with self._lock:
-            self._queued += 1
         self._tasks.put(job)
 
     def _loop(self) -> None:
@@ -147,7 +139,6 @@ class HandlerPool:
             deadline = time.monotonic() + self._timeout if self._timeout else None
             me = _Running(job, deadline)
             with self._lock:
-                self._queued -= 1
                 self._running[job.id] = me
             began = time.monotonic()
             outcome = self._run(job)
@@ -187,8 +178,6 @@ class HandlerPool:
                 break
             if job is not None:
                 out.append(job)
-        with self._lock:
-            self._queued -= len(out)
         return out
 
     def running_jobs(self) -> list[Job]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import select
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +19,8 @@ from ._base import (
     QueueBase,
     QueueSettings,
     backoff,
-    is_connection_error,
+    give_up,
+    idle_connection_suspect,
     translate_error,
     unavailable,
 )
@@ -70,17 +70,8 @@ def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
 
 
 def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
-    """Reject a pooled connection the server closed while it sat idle, cheaply.
-
-    A backend that is terminated or shut down sends an error before closing, so an
-    idle connection with bytes waiting to be read is suspect: only then pay for a
-    round trip.  The hot path costs one zero-timeout select() instead of a ping, and
-    a non-idempotent enqueue is not sent down a dead connection after a restart.
-    """
-    if conn.closed or conn.broken:
-        raise psycopg.OperationalError("connection is closed")
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    """The pool's check: ping only a connection ``idle_connection_suspect`` flags."""
+    if idle_connection_suspect(conn):
         ConnectionPool.check_connection(conn)
 
 
@@ -227,23 +218,18 @@ class Queue(QueueBase):
                 with self.connection() as c:
                     sent = True
                     return run_op(c, make_op(attempt > 0))
-            except PoolTimeout as exc:
-                err: Exception = exc
-            except psycopg.Error as exc:
-                mapped = translate_error(exc, self.settings)
-                if mapped is not None:
-                    raise mapped from None
-                if not is_connection_error(exc):
-                    raise
-                if sent and not idempotent:
-                    raise DatabaseUnavailable(
-                        f"{what}: connection lost mid-statement; it may or may not have "
-                        "committed (pass an idempotency_key to make a retry safe)"
-                    ) from exc
-                err = exc
-            attempt += 1
-            if attempt > self.settings.op_retries:
-                raise unavailable(err, self.settings, what) from None
+            except (PoolTimeout, psycopg.Error) as exc:
+                attempt += 1
+                fatal = give_up(
+                    exc,
+                    sent=sent,
+                    idempotent=idempotent,
+                    attempt=attempt,
+                    settings=self.settings,
+                    what=what,
+                )
+                if fatal is not None:
+                    raise fatal  # noqa: B904 - give_up set the cause
             time.sleep(backoff(attempt))
 
     # -- schema --------------------------------------------------------------------------

@@ -306,10 +306,9 @@ class Worker:
                 self._prune()
                 next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
             free = self.capacity - self._held()
-            saturated = self._more
             if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
-                    saturated = self._more = self._claim_some(free)
+                    self._more = self._claim_some(free)
                     failures = 0
                 except _DB_ERRORS as exc:
                     failures += 1
@@ -320,14 +319,13 @@ class Worker:
                         )
                     self._stopping.wait(backoff(failures, base=0.05, cap=5.0))
                     continue
-            self._wait_for_work(saturated)
+            self._wait_for_work()
 
-    def _wait_for_work(self, saturated: bool) -> None:
-        assert self._pool is not None
+    def _wait_for_work(self) -> None:
         timeout = self.poll_interval
         if self.job_timeout:
             timeout = min(timeout, max(self.job_timeout / 4, 0.05))
-        if saturated and self.capacity - self._held() >= self._refill_batch:
+        if self._more and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
         self._wake.wait(timeout)
         self._wake.clear()

@@ -211,10 +211,21 @@ def test_graceful_stop_releases_unstarted_jobs(queue: Queue) -> None:
             assert got.status == "pending" and got.attempts == 0
 
 
-def test_listen_notify_wakes_an_idle_worker(queue: Queue) -> None:
+def test_listen_notify_wakes_an_idle_worker(queue: Queue, admin: psycopg.Connection[Any]) -> None:
     seen = threading.Event()
-    with running(Worker(queue, lambda job: seen.set(), concurrency=1, poll_interval=60)):
-        time.sleep(0.3)  # let the listener connect; polling alone would take 60 s
+    name = f"listen-{queue.schema}"
+    with running(Worker(queue, lambda job: seen.set(), concurrency=1, poll_interval=60, name=name)):
+
+        def listening() -> bool:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = %s AND query LIKE 'LISTEN%%'",
+                (f"skiplock-worker:{name}",),
+            ).fetchone()
+            return bool(row and row[0])
+
+        # The listener is in place (seen by the server); polling alone would take 60 s.
+        wait_until(listening, what="the LISTEN connection")
         t0 = time.monotonic()
         queue.enqueue({})
         assert seen.wait(5)
