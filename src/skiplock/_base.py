@@ -78,7 +78,9 @@ def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
     return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
 
 
-def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None:
+def translate_error(
+    exc: Exception, settings: QueueSettings, what: str = "query"
+) -> Exception | None:
     """Turn a driver error into skiplock's own, or None if it should propagate as is."""
     if isinstance(
         exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction
@@ -88,6 +90,13 @@ def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None
             f"on {settings.display_dsn}; run `skiplock migrate`"
         )
     if isinstance(exc, pgerrors.InsufficientPrivilege):
+        if what == "migrate":
+            return ConfigError(
+                f"cannot migrate schema {settings.schema!r}: "
+                f"{exc.diag.message_primary or exc}; run `skiplock migrate` as the schema's "
+                "owner, and start producers and workers that use the roles of "
+                "`skiplock roles` with --no-migrate"
+            )
         return ConfigError(f"permission denied: {exc.diag.message_primary or exc}")
     return None
 
@@ -148,7 +157,7 @@ def give_up(
     ``exc`` is a driver error or the pool's timeout.
     """
     if isinstance(exc, psycopg.Error):
-        mapped = translate_error(exc, settings)
+        mapped = translate_error(exc, settings, what)
         if mapped is not None:
             return _chained(mapped, None)
         if not is_connection_error(exc):
@@ -329,6 +338,13 @@ class QueueBase:
     def _sweep_op(self, limit: int) -> MakeOp:
         return lambda _after: _single(self._stmts.sweep, {"limit": limit})
 
+    def _prune_op(self, older_than: float, limit: int) -> MakeOp:
+        params = {"older_than": float(older_than), "limit": int(limit)}
+        return lambda _after: _count_rows(self._stmts.prune, params)
+
+    def _status_op(self, attempts_alert: int) -> MakeOp:
+        return lambda _after: _single(self._stmts.status, {"attempts_alert": attempts_alert})
+
     def _get_op(self, job_id: int) -> MakeOp:
         return lambda _after: _get(self._stmts, job_id)
 
@@ -372,6 +388,11 @@ def _check_key(key: str) -> None:
 def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:
     rows = yield _ops.Execute(query, params)
     return rows
+
+
+def _count_rows(query: Any, params: dict[str, Any]) -> Op[int]:
+    rows = yield _ops.Execute(query, params)
+    return int(rows[0]["n"])
 
 
 def _get(stmts: Statements, job_id: int) -> Op[Job | None]:

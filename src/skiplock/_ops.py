@@ -40,7 +40,7 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Execute:
-    query: sql.Composed
+    query: sql.SQL | sql.Composed
     params: Mapping[str, Any] | None = None
 
 

@@ -1,13 +1,16 @@
-"""Queue: the synchronous driver of skiplock's operations, over a connection pool."""
+"""Queue: the sync driver of skiplock's I/O-free operations.
+
+GENERATED from _aqueue.py by scripts/async_to_sync.py: do not edit.
+Read and change _aqueue.py, the commented source, then regenerate.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -30,21 +33,7 @@ from ._job import Job
 from ._ops import Copy, Execute, FenceResult, Op
 
 __all__ = ["Queue", "run_op"]
-
 T = TypeVar("T")
-
-
-@contextmanager
-def _translated(settings: QueueSettings) -> Iterator[None]:
-    """skiplock's own errors from statements run outside ``_execute`` (the CLI prints
-    those as one line; a raw driver error would be a traceback)."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        mapped = translate_error(exc, settings)
-        if mapped is None:
-            raise
-        raise mapped from None
 
 
 def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
@@ -64,7 +53,7 @@ def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
                 rows = []
             step = op.send(rows)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+        return cast(T, stop.value)
     finally:
         cur.close()
 
@@ -76,7 +65,10 @@ def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
 
 
 class Queue(QueueBase):
-    """A skiplock queue on one Postgres schema.  Safe to share between threads.
+    """A skiplock queue on one Postgres schema, over a connection pool.
+
+    ``Queue`` is safe to share between threads and opens on creation; ``AsyncQueue``
+    is its asyncio twin: create it, then ``await q.open()`` (or ``async with``).
 
     Parameters
     ----------
@@ -93,6 +85,8 @@ class Queue(QueueBase):
         Before lending a pooled connection, check (with a zero-timeout select, and
         a round trip only if the server sent something while it was idle) that the
         server has not closed it, so an enqueue is not lost to a dead connection.
+    open
+        ``Queue`` only: connect at once (the default).
     """
 
     def __init__(
@@ -133,18 +127,13 @@ class Queue(QueueBase):
         max_size: int = 4,
         check_connections: bool = False,
     ) -> Queue:
+        """A queue with ``settings``, as workers build their own (``Queue``: open)."""
         q = cls.__new__(cls)
         q._init_base(settings)
-        q._min_size, q._max_size, q._check, q._pool = (
-            min_size,
-            max(max_size, min_size),
-            check_connections,
-            None,
-        )
+        q._min_size, q._max_size, q._check = (min_size, max(max_size, min_size), check_connections)
+        q._pool = None
         q.open()
         return q
-
-    # -- lifecycle -----------------------------------------------------------------------
 
     def open(self) -> None:
         """Connect (fail fast with a clear error) and start the pool."""
@@ -152,9 +141,8 @@ class Queue(QueueBase):
             return
         s = self.settings
         try:
-            # One direct connection first: the pool would only say "timed out", while
-            # libpq's own message says why (refused, bad password, no such database).
-            psycopg.connect(s.dsn, **s.connect_kwargs()).close()
+            conn = psycopg.Connection.connect(s.dsn, **s.connect_kwargs())
+            conn.close()
         except psycopg.Error as exc:
             raise unavailable(exc, s, "connect") from None
         pool = ConnectionPool(
@@ -163,8 +151,6 @@ class Queue(QueueBase):
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
             check=_check_idle_connection if self._check else None,
-            # Retry with backoff while callers wait; 0 gives up after two immediate tries
-            # and leaves every waiting caller parked until its own timeout.
             reconnect_timeout=300.0,
             name=f"skiplock-{s.application_name}",
             open=False,
@@ -178,6 +164,7 @@ class Queue(QueueBase):
             self._pool = None
 
     def __enter__(self) -> Queue:
+        self.open()
         return self
 
     def __exit__(
@@ -186,12 +173,10 @@ class Queue(QueueBase):
         self.close()
 
     def connection(self) -> Any:
-        """Borrow a pooled connection (autocommit), e.g. ``with q.connection() as c``."""
+        """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
         if self._pool is None:
-            raise DatabaseUnavailable("queue is closed")
+            raise DatabaseUnavailable("queue is not open")
         return self._pool.connection(timeout=self.settings.connect_timeout)
-
-    # -- the driver ----------------------------------------------------------------------
 
     def _execute(
         self,
@@ -202,8 +187,6 @@ class Queue(QueueBase):
         what: str = "query",
     ) -> Any:
         if conn is not None:
-            # The caller's connection and transaction: their commit decides, their
-            # error handling applies.
             try:
                 return run_op(conn, make_op(False))
             except psycopg.Error as exc:
@@ -229,17 +212,15 @@ class Queue(QueueBase):
                     what=what,
                 )
                 if fatal is not None:
-                    raise fatal  # noqa: B904 - give_up set the cause
+                    raise fatal from fatal.__cause__
             time.sleep(backoff(attempt))
-
-    # -- schema --------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the versions applied (idempotent)."""
-        with _translated(self.settings), self.connection() as conn:
-            return _migrate.migrate(conn, self.schema)
-
-    # -- producers -----------------------------------------------------------------------
+        applied = self._execute(
+            lambda _after: _migrate.migrate_op(self.schema), idempotent=False, what="migrate"
+        )
+        return list(applied)
 
     def enqueue(
         self,
@@ -260,9 +241,10 @@ class Queue(QueueBase):
         connection's transaction and exists only if the caller commits.
         """
         make = self._enqueue_op(payload, queue, priority, run_at, max_attempts, idempotency_key)
-        return int(
-            self._execute(make, conn=conn, idempotent=idempotency_key is not None, what="enqueue")
+        job_id = self._execute(
+            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
         )
+        return int(job_id)
 
     def enqueue_many(
         self,
@@ -279,9 +261,8 @@ class Queue(QueueBase):
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys
         )
-        return list(self._execute(make, conn=conn, idempotent=False, what="enqueue_many"))
-
-    # -- consumers -----------------------------------------------------------------------
+        ids = self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        return list(ids)
 
     def claim(
         self,
@@ -294,17 +275,19 @@ class Queue(QueueBase):
     ) -> list[Job]:
         """Take up to ``limit`` due jobs, committed, each with a fresh lease token.
 
-        With ``conn`` the claim joins that connection's transaction and commits with
-        it (the "hold the lock for the whole job" pattern); the caller owns errors.
+        A paused queue gives nothing; a queue with a concurrency or rate limit gives
+        no more than the limit allows.  With ``conn`` the claim joins that connection's
+        transaction and commits with it (the "hold the lock for the whole job"
+        pattern); the caller owns errors.
         """
-        make = self._claim_op(worker, queue, limit, lease)
-        return list(self._execute(make, conn=conn, what="claim"))
+        jobs = self._execute(self._claim_op(worker, queue, limit, lease), conn=conn)
+        return list(jobs)
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> datetime:
         """Extend the job's lease to now + ``lease``; returns the new expiry."""
         result = self.heartbeat_many([job], lease=lease)
         self._raise_if_lost(result, "heartbeat")
-        return result.done[job.id]["locked_until"]  # type: ignore[no-any-return]
+        return cast(datetime, result.done[job.id]["locked_until"])
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> FenceResult:
         """Heartbeat many jobs in one statement; ``lost`` lists those no longer ours."""
@@ -366,12 +349,11 @@ class Queue(QueueBase):
         self._raise_if_lost(self.release_many([job], _count=False), "release")
 
     def release_many(self, jobs: Sequence[Job], *, _count: bool = True) -> FenceResult:
+        """``release`` for many jobs in one statement."""
         res: FenceResult = self._execute(self._fenced_op("release", jobs), what="release")
         if _count:
             self._count_lost(len(res.lost))
         return res
-
-    # -- maintenance ---------------------------------------------------------------------
 
     def sweep(self, *, limit: int = 1000) -> int:
         """Return jobs with expired leases to pending (or failed); returns how many."""
@@ -386,13 +368,9 @@ class Queue(QueueBase):
         self, *, older_than: float = 7 * 86400.0, limit: int = 1000, max_batches: int | None = None
     ) -> int:
         """Delete finished jobs older than ``older_than`` seconds, ``limit`` rows at a time."""
-        total, batches = 0, 0
+        total, batches = (0, 0)
         while max_batches is None or batches < max_batches:
-            with _translated(self.settings), self.connection() as c:
-                cur = c.execute(
-                    self._stmts.prune, {"older_than": float(older_than), "limit": limit}
-                )
-                n = cur.rowcount
+            n = int(self._execute(self._prune_op(older_than, limit), what="prune"))
             total += n
             batches += 1
             if n < limit:
@@ -401,7 +379,7 @@ class Queue(QueueBase):
 
     def get(self, job_id: int) -> Job | None:
         """The job's current row, or None."""
-        return self._execute(self._get_op(job_id), what="get")  # type: ignore[no-any-return]
+        return cast(Job | None, self._execute(self._get_op(job_id), what="get"))
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a pending or running job; a running job's worker then gets LeaseLost."""
@@ -409,9 +387,5 @@ class Queue(QueueBase):
 
     def status(self, *, attempts_alert: int = 3) -> list[dict[str, Any]]:
         """Counts per queue and status, oldest pending age, expired leases, high attempts."""
-        with _translated(self.settings), self.connection() as c:
-            cur = c.cursor(row_factory=dict_row)
-            rows: list[dict[str, Any]] = cur.execute(
-                self._stmts.status, {"attempts_alert": attempts_alert}
-            ).fetchall()
-            return rows
+        rows = self._execute(self._status_op(attempts_alert), what="status")
+        return list(rows)

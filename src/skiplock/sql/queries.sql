@@ -196,10 +196,14 @@ WITH doomed AS MATERIALIZED (
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}.jobs AS j
+    USING doomed
+    WHERE j.id = doomed.id
+    RETURNING 1
 )
-DELETE FROM {schema}.jobs AS j
-USING doomed
-WHERE j.id = doomed.id;
+SELECT count(*) AS n FROM gone;
 
 -- name: status
 SELECT queue,
