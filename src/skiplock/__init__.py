@@ -2,14 +2,20 @@
 
 from ._aqueue import AsyncQueue
 from ._config import RetryPolicy
+from ._control import QueueConfig
 from ._errors import (
     ConfigError,
     DatabaseUnavailable,
     Fail,
+    JobCancelled,
+    JobFailed,
+    JobStateError,
     LeaseLost,
     PayloadError,
     Retry,
     SkiplockError,
+    UnknownJob,
+    UnknownQueue,
 )
 from ._job import Job
 from ._queue import Queue
@@ -23,12 +29,18 @@ __all__ = [
     "DatabaseUnavailable",
     "Fail",
     "Job",
+    "JobCancelled",
+    "JobFailed",
+    "JobStateError",
     "LeaseLost",
     "PayloadError",
     "Queue",
+    "QueueConfig",
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "UnknownJob",
+    "UnknownQueue",
     "Worker",
     "WorkerStats",
 ]

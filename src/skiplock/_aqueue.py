@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
+from time import monotonic
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from . import _migrate
+from . import _control, _migrate
 from ._base import (
     MakeOp,
     QueueBase,
@@ -31,9 +33,11 @@ from ._base import (
     unavailable,
 )
 from ._config import RetryPolicy
+from ._control import QueueConfig
 from ._errors import DatabaseUnavailable
 from ._job import Job
 from ._ops import Copy, Execute, FenceResult, Op
+from ._sql import channel_name
 
 __all__ = ["AsyncQueue", "arun_op"]
 
@@ -308,11 +312,17 @@ class AsyncQueue(QueueBase):
         transaction and commits with it (the "hold the lock for the whole job"
         pattern); the caller owns errors.
         """
-        jobs = await self._execute(self._claim_op(worker, queue, limit, lease), conn=conn)
+        own = conn is None or conn.autocommit
+        jobs = await self._execute(
+            self._claim_op(worker, queue, limit, lease, own), conn=conn, what="claim"
+        )
         return list(jobs)
 
     async def heartbeat(self, job: Job, *, lease: float = 30.0) -> datetime:
-        """Extend the job's lease to now + ``lease``; returns the new expiry."""
+        """Extend the job's lease to now + ``lease``; returns the new expiry.
+
+        A cancel asked since the last beat turns ``job.cancelled`` true.
+        """
         result = await self.heartbeat_many([job], lease=lease)
         self._raise_if_lost(result, "heartbeat")
         return cast(datetime, result.done[job.id]["locked_until"])
@@ -324,16 +334,29 @@ class AsyncQueue(QueueBase):
         )
         return res
 
-    async def complete(self, job: Job) -> None:
-        """Mark the job done.  Raises LeaseLost (and changes nothing) if it is not ours."""
-        self._raise_if_lost(await self.complete_many([job], _count=False), "complete")
+    async def complete(self, job: Job, result: Any = None) -> None:
+        """Mark the job done, storing ``result`` (JSON) for ``wait``.
+
+        A job whose cancel was asked ends ``cancelled`` instead.  Raises LeaseLost (and
+        changes nothing) if the job is not ours, PayloadError (before any write) if the
+        result cannot be stored.
+        """
+        self._raise_if_lost(await self.complete_many([(job, result)], _count=False), "complete")
 
     async def complete_many(
-        self, jobs: Sequence[Job], *, _count: bool = True, _recheck: bool = False
+        self,
+        items: Sequence[Job | tuple[Job, Any]],
+        *,
+        _count: bool = True,
+        _recheck: bool = False,
     ) -> FenceResult:
-        """Complete many jobs in one statement, each fenced by its own token."""
+        """Complete many jobs in one statement, each fenced by its own token.
+
+        An item is a job, or ``(job, result)``.
+        """
+        jobs, params = self._complete_params(items)
         res: FenceResult = await self._execute(
-            self._fenced_op("complete", jobs, recheck=_recheck), what="complete"
+            self._fenced_op("complete", jobs, params, recheck=_recheck), what="complete"
         )
         if _count:
             self._count_lost(len(res.lost))
@@ -411,9 +434,114 @@ class AsyncQueue(QueueBase):
         """The job's current row, or None."""
         return cast(Job | None, await self._execute(self._get_op(job_id), what="get"))
 
-    async def cancel(self, job_id: int) -> bool:
-        """Cancel a pending or running job; a running job's worker then gets LeaseLost."""
-        return bool(await self._execute(self._cancel_op(job_id), what="cancel"))
+    # -- control -------------------------------------------------------------------------
+
+    async def cancel(self, job_id: int) -> str:
+        """Cancel a job; returns its status after the call.
+
+        A pending job ends ``cancelled`` at once (``"cancelled"``).  A running job is
+        asked to stop (``"running"``): its worker sees the request within a heartbeat
+        (woken at once when it listens), ``job.cancelled`` turns true, and the job
+        ends ``cancelled`` whatever the handler then reports.  UnknownJob for an id
+        that does not exist, JobStateError for a job already finished.
+        """
+        return str(await self._execute(self._cancel_op(job_id), what="cancel"))
+
+    async def pause(self, queue: str) -> None:
+        """Stop every worker claiming from ``queue`` at its next claim (no restart).
+
+        Running jobs go on.  UnknownQueue for a queue with no jobs and no settings.
+        """
+        await self._execute(self._pause_op(queue, True), what="pause")
+
+    async def resume(self, queue: str) -> None:
+        """Undo ``pause``: workers claim from ``queue`` again at their next poll."""
+        await self._execute(self._pause_op(queue, False), what="resume")
+
+    async def configure_queue(
+        self,
+        queue: str,
+        *,
+        concurrency_limit: int | None = None,
+        rate_limit: float | None = None,
+        rate_burst: float | None = None,
+        store_results: bool | None = None,
+        clear_concurrency_limit: bool = False,
+        clear_rate_limit: bool = False,
+    ) -> QueueConfig:
+        """Set a queue's limits, held in Postgres for every worker on every host.
+
+        Parameters
+        ----------
+        concurrency_limit
+            At most this many jobs of the queue running at once, across all workers.
+        rate_limit
+            At most this many jobs started per second (a token bucket of
+            ``rate_burst`` jobs, default one second's worth and at least 1).
+        store_results
+            Keep handlers' return values (default on).
+        clear_concurrency_limit, clear_rate_limit
+            Remove a limit.  None leaves a setting as it is.
+        """
+        cfg = await self._execute(
+            self._configure_op(
+                queue,
+                concurrency_limit,
+                rate_limit,
+                rate_burst,
+                store_results,
+                clear_concurrency_limit,
+                clear_rate_limit,
+            ),
+            what="configure_queue",
+        )
+        return cast(QueueConfig, cfg)
+
+    async def queue_settings(self) -> list[QueueConfig]:
+        """The settings of every queue that has any (pause, limits, results)."""
+        return list(await self._execute(self._queues_op(), what="queue_settings"))
+
+    async def wait(
+        self, job_id: int, timeout: float | None = None, *, poll_interval: float = 1.0
+    ) -> Any:
+        """Wait for the job to finish and return its result (the handler's return value).
+
+        Woken by LISTEN/NOTIFY when the job's final write commits, with a poll every
+        ``poll_interval`` seconds as the fallback (behind a transaction pooler, say).
+        Raises JobFailed (with the job's last error) or JobCancelled, UnknownJob for an
+        unknown id, and TimeoutError when ``timeout`` seconds pass first.
+        """
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive, not {poll_interval!r}")
+        s = self.settings
+        deadline = None if timeout is None else monotonic() + timeout
+        try:
+            conn = await psycopg.AsyncConnection.connect(s.dsn, **s.connect_kwargs())
+        except psycopg.Error as exc:
+            raise unavailable(exc, s, "wait") from None
+        async with conn:
+            try:
+                await conn.execute(
+                    sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(s.schema)))
+                )
+                row = await arun_op(conn, self._watch_op(job_id, True)(False))
+                while True:
+                    finished, result = _control.settle(row)
+                    if finished:
+                        return result
+                    left = poll_interval if deadline is None else deadline - monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
+                    async for _note in conn.notifies(
+                        timeout=min(left, poll_interval), stop_after=1
+                    ):
+                        pass
+                    row = await arun_op(conn, self._watch_op(job_id, False)(False))
+            except psycopg.Error as exc:
+                mapped = translate_error(exc, s, "wait")
+                if mapped is not None:
+                    raise mapped from None
+                raise unavailable(exc, s, "wait") from None
 
     async def status(self, *, attempts_alert: int = 3) -> list[dict[str, Any]]:
         """Counts per queue and status, oldest pending age, expired leases, high attempts."""

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerrors
 
-from . import _ops
+from . import _control, _ops
 from ._config import (
     DEFAULT_SCHEMA,
     RetryPolicy,
@@ -42,6 +42,7 @@ class QueueSettings:
     schema: str = DEFAULT_SCHEMA
     application_name: str = "skiplock"
     max_payload_bytes: int = _ops.DEFAULT_MAX_PAYLOAD_BYTES
+    max_result_bytes: int = _control.DEFAULT_MAX_RESULT_BYTES
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     connect_timeout: float = 10.0
     op_retries: int = 6
@@ -290,7 +291,9 @@ class QueueBase:
             keys=keys,
         )
 
-    def _claim_op(self, worker: str, queue: str, limit: int, lease: float) -> MakeOp:
+    def _claim_op(
+        self, worker: str, queue: str, limit: int, lease: float, own_transaction: bool = True
+    ) -> MakeOp:
         validate_queue(queue)
         if not isinstance(worker, str) or not worker or len(worker) > 200 or "\x00" in worker:
             raise ConfigError(
@@ -300,7 +303,12 @@ class QueueBase:
             raise ValueError("limit must be at least 1")
         _check_lease(lease)
         return lambda _after: _ops.claim(
-            self._stmts, worker=worker, queue=queue, limit=int(limit), lease=float(lease)
+            self._stmts,
+            worker=worker,
+            queue=queue,
+            limit=int(limit),
+            lease=float(lease),
+            own_transaction=own_transaction,
         )
 
     def _fenced_op(
@@ -330,6 +338,22 @@ class QueueBase:
             "retries": [bool(r) for _, _, _, r in items],
         }
 
+    def _complete_params(
+        self, items: Sequence[Job | tuple[Job, Any]]
+    ) -> tuple[list[Job], dict[str, Any]]:
+        """Jobs and their results (JSON text, checked before any write) for `complete`."""
+        jobs: list[Job] = []
+        results: list[str | None] = []
+        for item in items:
+            job, value = (item, None) if isinstance(item, Job) else item
+            jobs.append(job)
+            results.append(
+                _control.encode_result(value, self.settings.max_result_bytes)
+                if job.store_result
+                else None
+            )
+        return jobs, {"results": results}
+
     def _raise_if_lost(self, result: FenceResult, action: str) -> None:
         self._count_lost(len(result.lost))
         if result.lost:
@@ -349,7 +373,41 @@ class QueueBase:
         return lambda _after: _get(self._stmts, job_id)
 
     def _cancel_op(self, job_id: int) -> MakeOp:
-        return lambda _after: _single(self._stmts.cancel, {"id": job_id})
+        _check_job_id(job_id)
+        return lambda _after: _control.cancel(self._stmts, job_id)
+
+    def _pause_op(self, queue: str, paused: bool) -> MakeOp:
+        validate_queue(queue)
+        return lambda _after: _control.set_paused(self._stmts, queue, paused)
+
+    def _configure_op(
+        self,
+        queue: str,
+        concurrency_limit: int | None,
+        rate_limit: float | None,
+        rate_burst: float | None,
+        store_results: bool | None,
+        clear_concurrency: bool,
+        clear_rate: bool,
+    ) -> MakeOp:
+        validate_queue(queue)
+        _control.check_limits(concurrency_limit, rate_limit, rate_burst)
+        op_args: dict[str, Any] = {
+            "concurrency_limit": concurrency_limit,
+            "rate_limit": rate_limit,
+            "rate_burst": rate_burst,
+            "store_results": store_results,
+            "clear_concurrency": clear_concurrency,
+            "clear_rate": clear_rate,
+        }
+        return lambda _after: _control.configure(self._stmts, queue, **op_args)
+
+    def _queues_op(self) -> MakeOp:
+        return lambda _after: _control.queue_configs(self._stmts)
+
+    def _watch_op(self, job_id: int, register: bool) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _control.watch(self._stmts, job_id, register)
 
 
 # Longest lease or retry delay: now() plus this stays far inside timestamptz's range.
@@ -376,6 +434,11 @@ def _check_lease(lease: float) -> None:
 def _clamp_delay(delay: float) -> float:
     """A retry delay the database can add to now(): NaN and negatives are 0, inf is 100y."""
     return min(delay, MAX_DELAY_SECONDS) if delay > 0 else 0.0
+
+
+def _check_job_id(job_id: int) -> None:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+        raise ValueError(f"job id must be a positive integer, not {job_id!r}")
 
 
 def _check_key(key: str) -> None:

@@ -42,8 +42,9 @@ class Statements:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         ident = sql.Identifier(schema)
+        channel = sql.Literal(channel_name(schema))
         self._by_name: dict[str, sql.Composed] = {
-            name: sql.SQL(text).format(schema=ident)
+            name: sql.SQL(text).format(schema=ident, channel=channel)
             for name, text in parse_named(_read("queries.sql")).items()
         }
 

@@ -18,64 +18,32 @@ lease is the only claim a worker keeps, and the lease token guards every write.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
 from queue import Empty, SimpleQueue
 
 import psycopg
 from psycopg import sql
 
-from ._base import QueueSettings, backoff
-from ._config import validate_queue
-from ._errors import ConfigError, SkiplockError
+from ._base import backoff
+from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Job
 from ._queue import Queue
 from ._sql import channel_name
+from ._workerbase import WorkerBase, WorkerStats, default_worker_name, one_line
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["Worker", "WorkerStats", "default_worker_name"]
 
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
+_BEAT = object()
 
 
-@dataclass
-class WorkerStats:
-    """Counters of one worker's life; read them while it runs or after."""
-
-    claimed: int = 0
-    completed: int = 0
-    retried: int = 0
-    failed: int = 0
-    released: int = 0
-    timed_out: int = 0
-    lease_lost: int = 0
-    heartbeats: int = 0
-    sweeps_recovered: int = 0
-    db_errors: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def snapshot(self) -> dict[str, int]:
-        with self.lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
-
-
-def default_worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-class Worker:
+class Worker(WorkerBase):
     """Runs handlers for jobs of one or more queues.
 
     Parameters
@@ -149,33 +117,24 @@ class Worker:
         prune_interval: float = 60.0,
         synchronous_commit: bool = False,
     ) -> None:
-        if isinstance(handler, Mapping):
-            self._handlers: dict[str, Handler] = dict(handler)
-            names = list(queues) if queues is not None else list(self._handlers)
-        else:
-            names = list(queues) if queues is not None else ["default"]
-            self._handlers = dict.fromkeys(names, handler)
-        if not names:
-            raise ConfigError("a worker needs at least one queue")
-        for q in names:
-            validate_queue(q)
-            if q not in self._handlers:
-                raise ConfigError(f"no handler for queue {q!r}")
-        if concurrency < 1:
-            raise ConfigError("concurrency must be at least 1")
-        if not lease > 0:
-            raise ConfigError("lease must be positive")
-        self.heartbeat_interval = heartbeat_interval or lease / 3.0
-        if self.heartbeat_interval >= lease:
-            raise ConfigError("heartbeat interval must be shorter than the lease")
-        self.queues = names
-        self.concurrency = concurrency
-        self.lease = float(lease)
-        self.name = name or default_worker_name()
-        self.poll_interval = poll_interval
-        self.sweep_interval = sweep_interval
-        self.job_timeout = job_timeout
-        self.listen = listen
+        super().__init__(
+            queue,
+            handler,
+            queues=queues,
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            name=name,
+            poll_interval=poll_interval,
+            sweep_interval=sweep_interval,
+            job_timeout=job_timeout,
+            listen=listen,
+            shutdown_grace=shutdown_grace,
+            on_event=on_event,
+            retention=retention,
+            prune_interval=prune_interval,
+            synchronous_commit=synchronous_commit,
+        )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
         # could have used).  So by default it adapts: about as many jobs as the
@@ -185,24 +144,13 @@ class Worker:
         self._max_prefetch = 2 * concurrency
         self._claim_rtt = 0.002
         self._more = False
-        self.shutdown_grace = shutdown_grace
-        self.stats = WorkerStats()
-        self._on_event = on_event
-        self.retention = retention
-        self.prune_interval = prune_interval
-
-        app = f"skiplock-worker:{self.name}"
-        self._settings: QueueSettings = replace(
-            queue.settings,
-            application_name=app,
-            op_retries=2,
-            synchronous_commit=synchronous_commit,
-        )
         self._q: Queue | None = None
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._wake = threading.Event()
-        self._results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
+        # Outcomes for the writer; None stops it, _BEAT asks for a heartbeat now (a
+        # cancel of a job we hold was announced).
+        self._results: SimpleQueue[tuple[Job, Outcome] | object | None] = SimpleQueue()
         self._inflight: dict[int, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
@@ -315,7 +263,7 @@ class Worker:
                     self.stats.add(db_errors=1)
                     if failures == 1 or failures % 20 == 0:
                         logger.warning(
-                            "worker %s: claim failed (%s); retrying", self.name, _one_line(exc)
+                            "worker %s: claim failed (%s); retrying", self.name, one_line(exc)
                         )
                     self._stopping.wait(backoff(failures, base=0.05, cap=5.0))
                     continue
@@ -362,11 +310,10 @@ class Worker:
             n = self._q.sweep()
         except _DB_ERRORS as exc:
             self.stats.add(db_errors=1)
-            logger.debug("sweep failed: %s", _one_line(exc))
+            logger.debug("sweep failed: %s", one_line(exc))
             return
+        self.swept(n)
         if n:
-            self.stats.add(sweeps_recovered=n)
-            logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
             self._wake.set()
 
     def _prune(self) -> None:
@@ -376,24 +323,18 @@ class Worker:
             n = self._q.prune(older_than=self.retention, limit=500, max_batches=4)
         except _DB_ERRORS as exc:
             self.stats.add(db_errors=1)
-            logger.debug("prune failed: %s", _one_line(exc))
+            logger.debug("prune failed: %s", one_line(exc))
             return
         if n:
             logger.debug("worker %s: pruned %d finished job(s)", self.name, n)
 
     # -- handlers ------------------------------------------------------------------------
 
-    def _emit(self, event: str, job: Job) -> None:
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(event, job)
-        except Exception:
-            logger.exception("on_event hook failed for %s of job %s", event, job.id)
-
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
-        return run_handler(self._handlers[job.queue], job, self.job_timeout)
+        return run_handler(
+            self._handlers[job.queue], job, self.job_timeout, self._settings.max_result_bytes
+        )
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
         # The slot frees when the writer has written the outcome (_forget), not now.
@@ -420,29 +361,31 @@ class Worker:
             timeout = max(0.0, next_beat - time.monotonic())
             if pending:
                 timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
+            stop = False
             try:
                 item = self._results.get(timeout=timeout)
-                if item is None:
-                    if not pending:
-                        return
-                    # Writes still owed: keep trying until the hard stop.
-                    self._results.put(None)
-                    if self._hard_stop.is_set():
-                        logger.warning(
-                            "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
-                        )
-                        return
-                    time.sleep(0.05)
-                else:
-                    pending.append(item)
                 while True:
-                    more = self._results.get_nowait()
-                    if more is None:
-                        self._results.put(None)
+                    if item is None:
+                        self._results.put(None)  # seen again on the next round
+                        stop = True
                         break
-                    pending.append(more)
+                    if item is _BEAT:
+                        next_beat = time.monotonic()
+                    else:
+                        pending.append(item)  # type: ignore[arg-type]
+                    item = self._results.get_nowait()
             except Empty:
                 pass
+            if stop and not pending:
+                return
+            if stop:
+                # Writes still owed: keep trying until the hard stop.
+                if self._hard_stop.is_set():
+                    logger.warning(
+                        "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
+                    )
+                    return
+                time.sleep(0.05)
             if pending:
                 try:
                     # A batch written again after a failed call may have committed
@@ -460,7 +403,7 @@ class Worker:
                             "worker %s: writing %d result(s) failed (%s); will retry",
                             self.name,
                             len(pending),
-                            _one_line(exc),
+                            one_line(exc),
                         )
             if time.monotonic() >= next_beat:
                 self._heartbeat()
@@ -469,38 +412,16 @@ class Worker:
     def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
         """One statement for the completions, one for the failures; each fenced per job."""
         assert self._q is not None
-        done = [job for job, o in batch if o.kind == "ok"]
-        failed = [(job, o.error, o.delay, o.kind == "retry") for job, o in batch if o.kind != "ok"]
-        lost: list[int] = []
+        done, failed = self.split(batch)
         if done:
             res = self._q.complete_many(done, _recheck=recheck)
-            lost += res.lost
-            self.stats.add(completed=len(res.done))
-            self._forget(done)
-            for job in done:
-                self._emit("completed" if job.id in res.done else "lease_lost", job)
+            self.completed(done, res)
+            self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
         if failed:
             res = self._q.fail_many(failed, _recheck=recheck)
-            lost += res.lost
-            retried = sum(1 for r in res.done.values() if r["status"] != "failed")
-            self.stats.add(retried=retried, failed=len(res.done) - retried)
+            self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
-            for job, *_ in failed:
-                r = res.done.get(job.id)
-                self._emit(
-                    "lease_lost"
-                    if r is None
-                    else ("failed" if r["status"] == "failed" else "retried"),
-                    job,
-                )
-        if lost:
-            self.stats.add(lease_lost=len(lost))
-            logger.warning(
-                "worker %s: lease lost for job(s) %s; the write changed nothing",
-                self.name,
-                ", ".join(map(str, lost)),
-            )
 
     def _forget(self, jobs: Sequence[Job]) -> None:
         with self._inflight_lock:
@@ -521,22 +442,12 @@ class Worker:
             res = self._q.heartbeat_many(jobs, lease=self.lease)
         except Exception as exc:
             self.stats.add(db_errors=1)
-            logger.warning("worker %s: heartbeat failed (%s)", self.name, _one_line(exc))
+            logger.warning("worker %s: heartbeat failed (%s)", self.name, one_line(exc))
             return
-        self.stats.add(heartbeats=len(res.done))
-        if res.lost:
-            self.stats.add(lease_lost=len(res.lost))
-            logger.warning(
-                "worker %s: heartbeat found job(s) %s no longer ours (swept or cancelled)",
-                self.name,
-                ", ".join(map(str, res.lost)),
-            )
-            lost_ids = set(res.lost)
-            for job in jobs:
-                if job.id in lost_ids:
-                    self._emit("lease_lost", job)
+        lost = self.beaten(jobs, res)
+        if lost:
             with self._inflight_lock:
-                for job_id in res.lost:
+                for job_id in lost:
                     self._inflight.pop(job_id, None)
 
     # -- listener ------------------------------------------------------------------------
@@ -555,11 +466,17 @@ class Worker:
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in wanted:
                                 self._wake.set()
+                            elif self._holds(self.cancel_target(note.payload)):
+                                self._results.put(_BEAT)
             except psycopg.Error as exc:
                 failures += 1
                 if failures == 1:
-                    logger.info("worker %s: listener reconnecting (%s)", self.name, _one_line(exc))
+                    logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
                 self._stopping.wait(backoff(failures, base=0.1, cap=5.0))
+
+    def _holds(self, job_id: int | None) -> bool:
+        with self._inflight_lock:
+            return job_id in self._inflight
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -591,18 +508,10 @@ class Worker:
         assert self._q is not None
         for attempt in range(1, 6):
             try:
-                res = self._q.release_many(jobs)
-                self.stats.add(released=len(res.done), lease_lost=len(res.lost))
-                for job in jobs:
-                    self._emit("released" if job.id in res.done else "lease_lost", job)
+                self.released(jobs, self._q.release_many(jobs))
                 self._forget(jobs)
                 return
             except _DB_ERRORS as exc:
-                logger.warning("worker %s: release failed (%s)", self.name, _one_line(exc))
+                logger.warning("worker %s: release failed (%s)", self.name, one_line(exc))
                 time.sleep(backoff(attempt))
         self._forget(jobs)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -8,12 +8,18 @@ PUBLIC = {
     "DatabaseUnavailable",
     "Fail",
     "Job",
+    "JobCancelled",
+    "JobFailed",
+    "JobStateError",
     "LeaseLost",
     "PayloadError",
     "Queue",
+    "QueueConfig",
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "UnknownJob",
+    "UnknownQueue",
     "Worker",
     "WorkerStats",
 }
@@ -30,5 +36,15 @@ def test_public_names_come_from_private_modules() -> None:
 
 
 def test_errors_share_a_base() -> None:
-    for name in ("ConfigError", "DatabaseUnavailable", "LeaseLost", "PayloadError"):
+    for name in (
+        "ConfigError",
+        "DatabaseUnavailable",
+        "LeaseLost",
+        "PayloadError",
+        "JobFailed",
+        "JobCancelled",
+        "JobStateError",
+        "UnknownJob",
+        "UnknownQueue",
+    ):
         assert issubclass(getattr(skiplock, name), skiplock.SkiplockError)
