@@ -67,12 +67,16 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- running jobs, and the whole tokens of the rate bucket (refilled at rate_limit per
 -- second up to rate_burst, default one second's worth and at least 1); then it spends
 -- the tokens it used.  Sub-statements share one snapshot, and the queue row is ours.
+-- Times are statement_timestamp(), not now(): now() is when the transaction began,
+-- before the wait for the queue row, and the bucket must refill by the time that
+-- actually passed between turns.
 WITH cfg AS MATERIALIZED (
     SELECT q.paused, q.concurrency_limit, q.rate_limit, q.store_results,
            CASE WHEN q.rate_limit IS NULL THEN NULL ELSE
                least(coalesce(q.rate_burst, greatest(q.rate_limit, 1)),
                      q.rate_tokens + q.rate_limit
-                         * extract(epoch FROM now() - coalesce(q.rate_refilled_at, now() - interval '1 day')))
+                         * extract(epoch FROM statement_timestamp() - coalesce(
+                               q.rate_refilled_at, statement_timestamp() - interval '1 day')))
            END AS tokens
     FROM {schema}.queues AS q
     WHERE q.name = %(queue)s
@@ -99,9 +103,9 @@ claimed AS (
     UPDATE {schema}.jobs AS j
     SET status       = 'running',
         worker       = %(worker)s,
-        started_at   = now(),
+        started_at   = statement_timestamp(),
         finished_at  = NULL,
-        locked_until = now() + make_interval(secs => %(lease)s),
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
         attempts     = j.attempts + 1,
         lease_token  = gen_random_uuid()
     FROM picked
@@ -112,7 +116,7 @@ claimed AS (
 spent AS (
     UPDATE {schema}.queues AS q
     SET rate_tokens      = cfg.tokens - (SELECT count(*) FROM claimed),
-        rate_refilled_at = now()
+        rate_refilled_at = statement_timestamp()
     FROM cfg
     WHERE q.name = %(queue)s
       AND cfg.tokens IS NOT NULL
