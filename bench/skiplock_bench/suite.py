@@ -493,7 +493,7 @@ class _StatementSampler:
         import threading
         from collections import Counter
 
-        from skiplock._sql import statements
+        from skiplock.sqlfiles import statements
 
         self.dsn = dsn
         self.counts: Counter[str] = Counter()

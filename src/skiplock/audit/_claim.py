@@ -28,7 +28,7 @@ from typing import Any
 
 from pglast import ast, enums
 
-from skiplock._errors import SkiplockError
+from skiplock import SkiplockError
 
 from ._engine import Statement
 from ._extract import Extracted, SqlText, extract_file

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from skiplock._cli_common import dsn_option
-from skiplock._errors import SkiplockError
+from skiplock import SkiplockError
+from skiplock.cli.common import dsn_option
 
 from ._engine import AuditResult
 from ._engine import audit as run_audit
@@ -266,18 +266,12 @@ def run_experiment_command(
     A problem (a bad DSN, a file that does not parse, a claim that fails on the schema)
     is one line on stderr and status 2, never a traceback.
     """
-    from skiplock._config import check_dsn, resolve_dsn
+    from skiplock.connect import server_dsn
 
     from ._experiment import run_experiment
 
     try:
-        resolved = resolve_dsn(dsn)
-        if resolved is not None:
-            server = check_dsn(resolved)
-        else:
-            from skiplock._embedded import embedded_dsn
-
-            server = embedded_dsn()
+        server = server_dsn(dsn)
         result = run_experiment(
             server,
             schema_file,

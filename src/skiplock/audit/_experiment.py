@@ -46,7 +46,7 @@ from pglast import ast
 from psycopg import pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from skiplock._config import redact_dsn
+from skiplock.connect import redact_dsn
 from skiplock.lab import (
     SCHEDULES,
     ClaimContext,

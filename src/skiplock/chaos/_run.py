@@ -362,7 +362,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     """Run producers, workers and the faults of ``cfg``, then drain and check."""
     cfg.validate()
     run = _Run(cfg, progress)
-    from skiplock._config import redact_dsn, resolve_dsn
+    from skiplock.connect import redact_dsn, server_dsn
 
     cluster: ScratchCluster | None = None
     tmp = Path(cfg.keep_history or tempfile.mkdtemp(prefix="skiplock-chaos-history-"))
@@ -382,12 +382,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             run.progress("starting a scratch cluster")
             run.dsn = cluster.start()
         else:
-            resolved = resolve_dsn(cfg.dsn)
-            if resolved is None:
-                from skiplock._embedded import embedded_dsn
-
-                resolved = embedded_dsn()
-            run.dsn = resolved
+            run.dsn = server_dsn(cfg.dsn)
         admin = Queue(run.dsn, schema=run.schema, application_name=f"chaos-admin:{run.run_id}")
         admin.migrate()
         admin.close()
