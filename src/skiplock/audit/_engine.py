@@ -26,6 +26,7 @@ from ._extract import (
 )
 from ._lexer import Chunk, Token, normalize, split_statements, tokenize
 from ._model import StatementFacts, statement_facts, walk
+from ._python import extract_python
 from ._rules import RULES, Hit, Rule, check_statement, check_unit, looks_like_queue
 
 __all__ = [
@@ -281,8 +282,6 @@ def audit_sql(text: str, path: str = "<sql>") -> AuditResult:
 
 def audit_python(text: str, path: str = "<python>") -> AuditResult:
     """Audit the SQL embedded in Python source text."""
-    from ._python import extract_python
-
     return audit(extract_python(text, path))
 
 
