@@ -15,6 +15,7 @@ import pglast
 from pglast import ast
 from pglast.stream import RawStream
 
+from ._checks import Hit, check_statement, check_unit, looks_like_queue
 from ._extract import (
     Extracted,
     Problem,
@@ -27,7 +28,7 @@ from ._extract import (
 from ._lexer import Chunk, Token, normalize, split_statements, tokenize
 from ._model import StatementFacts, statement_facts, walk
 from ._python import extract_python
-from ._rules import RULES, Hit, Rule, check_statement, check_unit, looks_like_queue
+from ._rules import RULES, Rule
 
 __all__ = [
     "AuditResult",
