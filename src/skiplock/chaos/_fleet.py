@@ -18,13 +18,13 @@ from typing import Any
 from ._history import HistoryWriter
 from ._proc import worker_name
 
-__all__ = ["Fleet", "Proc"]
+__all__ = ["ProcessFleet", "WorkerProcess"]
 
 logger = logging.getLogger("skiplock.chaos")
 
 
 @dataclass(eq=False)
-class Proc:
+class WorkerProcess:
     slot: int
     popen: subprocess.Popen[bytes]
     name: str
@@ -37,18 +37,18 @@ class Proc:
         return self.popen.pid
 
 
-class Fleet:
+class ProcessFleet:
     """The worker processes; a killed or crashed one is replaced in its slot."""
 
     def __init__(self, spec: dict[str, Any], history_dir: Path, history: HistoryWriter) -> None:
         self.spec = spec
         self.dir = history_dir
         self.history = history
-        self.procs: dict[int, Proc] = {}
+        self.procs: dict[int, WorkerProcess] = {}
         self.lock = threading.Lock()
         self.exits = 0
 
-    def spawn(self, slot: int) -> Proc:
+    def spawn(self, slot: int) -> WorkerProcess:
         cfg = json.dumps({**self.spec, "slot": slot})
         log = (self.dir / f"worker-slot{slot}.log").open("ab")
         popen = subprocess.Popen(
@@ -58,7 +58,7 @@ class Fleet:
             stderr=log,
         )
         log.close()
-        proc = Proc(slot, popen, worker_name(self.spec["run_id"], slot, popen.pid))
+        proc = WorkerProcess(slot, popen, worker_name(self.spec["run_id"], slot, popen.pid))
         self.procs[slot] = proc
         self.history.write({"ev": "fault", "f": "spawn", "pid": proc.pid, "w": proc.name})
         return proc
@@ -67,7 +67,7 @@ class Fleet:
         with self.lock:
             return [p.name for p in self.procs.values()]
 
-    def acquire(self, names: set[str]) -> Proc | None:
+    def acquire(self, names: set[str]) -> WorkerProcess | None:
         with self.lock:
             free = [p for p in self.procs.values() if p.name in names and not p.busy]
             if not free:

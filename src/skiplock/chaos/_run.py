@@ -38,7 +38,7 @@ from ._faults import (
     vacuum,
     wait_until,
 )
-from ._fleet import Fleet
+from ._fleet import ProcessFleet
 from ._history import ALLOWED_CAUSES, CheckResult, HistoryWriter, check, load_history
 from ._proxy import ChaosProxy, proxied_dsn, upstream_of
 
@@ -276,7 +276,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     hist_dir.mkdir(parents=True, exist_ok=True)
     run.history = HistoryWriter(hist_dir / "driver.jsonl")
     proxy: ChaosProxy | None = None
-    fleet: Fleet | None = None
+    fleet: ProcessFleet | None = None
     ctx: FaultContext | None = None
     try:
         if cfg.needs_scratch:
@@ -305,7 +305,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "concurrency": cfg.concurrency,
             "job_timeout": cfg.job_timeout,
         }
-        fleet = Fleet(spec, hist_dir, run.history)
+        fleet = ProcessFleet(spec, hist_dir, run.history)
         ctx = FaultContext(
             dsn=run.dsn,
             schema=run.schema,
@@ -337,7 +337,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drive(run: _Run, fleet: Fleet, ctx: FaultContext) -> ChaosReport:
+def _drive(run: _Run, fleet: ProcessFleet, ctx: FaultContext) -> ChaosReport:
     cfg = run.cfg
     with fleet.lock:
         for slot in range(cfg.workers):
@@ -481,7 +481,7 @@ def _fault_loop(
             delay = interval
 
 
-def _hold(fleet: Fleet, seconds: float) -> None:
+def _hold(fleet: ProcessFleet, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         fleet.check()
