@@ -19,9 +19,10 @@ from skiplock.cli.common import dsn_option
 
 from ._engine import AuditResult
 from ._engine import audit as run_audit
-from ._extract import Extracted, Problem, discover, extract_file, extract_text
+from ._extract import discover, extract_file, extract_text
 from ._report import render
 from ._rules import RULES
+from ._source import Extracted, Problem
 
 __all__ = ["audit", "collect", "run_experiment_command", "run_static"]
 

@@ -16,19 +16,12 @@ from pglast import ast
 from pglast.stream import RawStream
 
 from ._checks import Hit, check_statement, check_unit, looks_like_queue
-from ._extract import (
-    Extracted,
-    Problem,
-    SqlText,
-    discover,
-    extract_file,
-    extract_text,
-    suppressed_ids,
-)
+from ._extract import discover, extract_file, extract_text
 from ._lexer import Chunk, Token, normalize, split_statements, tokenize
 from ._model import StatementFacts, statement_facts, walk
 from ._python import extract_python
 from ._rules import RULES, Rule
+from ._source import Extracted, Problem, SqlText, suppressed_ids
 
 __all__ = [
     "AuditResult",

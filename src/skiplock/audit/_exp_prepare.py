@@ -461,23 +461,27 @@ def _seed_values(
     return out
 
 
+# A generated row's value for a NOT NULL column without a default, by pg_type.typcategory
+# (g is the row's number in generate_series), then by type name.
+_FILL_BY_CATEGORY = {
+    "N": "g",
+    "S": "'seed-' || g",
+    "B": "false",
+    "D": "now()",
+    "T": "interval '0'",
+    "A": "'{}'",
+}
+_FILL_BY_TYPE = {
+    "uuid": "gen_random_uuid()",
+    "json": "jsonb_build_object('seed', g)",
+    "jsonb": "jsonb_build_object('seed', g)",
+}
+
+
 def _filler(conn: psycopg.Connection[Any], col: Column) -> sql.Composable | None:
-    if col.category == "N":
-        return sql.SQL("g")
-    if col.category == "S":
-        return sql.SQL("'seed-' || g")
-    if col.category == "B":
-        return sql.SQL("false")
-    if col.category == "D":
-        return sql.SQL("now()")
-    if col.category == "T":
-        return sql.SQL("interval '0'")
-    if col.category == "A":
-        return sql.SQL("'{}'")
-    if col.type == "uuid":
-        return sql.SQL("gen_random_uuid()")
-    if col.type in ("json", "jsonb"):
-        return sql.SQL("jsonb_build_object('seed', g)")
+    text = _FILL_BY_CATEGORY.get(col.category) or _FILL_BY_TYPE.get(col.type)
+    if text is not None:
+        return sql.SQL(text)
     if col.category == "E":
         labels = _enum_labels(conn, col.type_oid)
         return sql.Literal(labels[0]) if labels else None

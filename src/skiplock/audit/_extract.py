@@ -1,7 +1,7 @@
 """Where the SQL to audit comes from: .sql files, Python sources, --sql text and stdin.
 
 The types it hands out (``SqlText``, ``Unit``, ``Extracted``, ``Problem``) live in
-``_source``, which the Python reader uses too; they are re-exported here for callers.
+``_source``, which the Python reader builds too.
 """
 
 from __future__ import annotations
@@ -11,31 +11,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ._python import extract_python
-from ._source import (
-    Extracted,
-    LineIndex,
-    Locator,
-    PositionTable,
-    Problem,
-    SqlText,
-    Unit,
-    suppressed_ids,
-)
+from ._source import Extracted, LineIndex, Problem, SqlText, Unit
 
-__all__ = [
-    "SOURCE_SUFFIXES",
-    "Extracted",
-    "LineIndex",
-    "Locator",
-    "PositionTable",
-    "Problem",
-    "SqlText",
-    "Unit",
-    "discover",
-    "extract_file",
-    "extract_text",
-    "suppressed_ids",
-]
+__all__ = ["SOURCE_SUFFIXES", "discover", "extract_file", "extract_text"]
 
 SOURCE_SUFFIXES = (".sql", ".py")
 # Directories that hold other people's code or generated files, never the user's queries.
