@@ -121,38 +121,27 @@ def ratios(res: Results, sizes: list[int], c: int = 8) -> list[Ratio]:
     pgb = [k for k in res.values if k.section == "pgbench" and k.metric == "jobs/s"]
     # procrastinate runs at a smaller N (--slow-max-n); its rate, not its N, is compared.
     pro = _find(res, "drain", "procrastinate", None, "jobs/s", lambda s: s.startswith(f"c{c}:"))
-    if pgq:
-        q = res.series(pgq[0])
+    # Against pgqueuer at its defaults (target: 5x) and the pgbench ceiling (0.6x): the
+    # best skiplock configuration, and one process when several were measured too.
+    against = [
+        (pgq, "pgqueuer defaults", "≥ 5", 5.0),
+        (pgb, "pgbench ceiling", "≥ 0.6", 0.6),
+    ]
+    for keys, name, target, floor in against:
+        if not keys:
+            continue
+        other = res.series(keys[0])
         out.append(
             Ratio(
-                f"drain c{c}, N={n:,}: skiplock ({best_label}) / pgqueuer defaults",
-                _div(s_best, q),
-                "≥ 5",
-                lambda m: m >= 5,
+                f"drain c{c}, N={n:,}: skiplock ({best_label}) / {name}",
+                _div(s_best, other),
+                target,
+                lambda m, floor=floor: m >= floor,
             )
         )
         if multi:
             out.append(
-                Ratio(
-                    f"drain c{c}, N={n:,}: skiplock 1 process / pgqueuer defaults", _div(s_one, q)
-                )
-            )
-    if pgb:
-        ceiling = res.series(pgb[0])
-        out.append(
-            Ratio(
-                f"drain c{c}, N={n:,}: skiplock ({best_label}) / pgbench ceiling",
-                _div(s_best, ceiling),
-                "≥ 0.6",
-                lambda m: m >= 0.6,
-            )
-        )
-        if multi:
-            out.append(
-                Ratio(
-                    f"drain c{c}, N={n:,}: skiplock 1 process / pgbench ceiling",
-                    _div(s_one, ceiling),
-                )
+                Ratio(f"drain c{c}, N={n:,}: skiplock 1 process / {name}", _div(s_one, other))
             )
     if pro:
         out.append(

@@ -111,28 +111,9 @@ def test_migrate_enqueue_status_sweep(env: dict[str, str], schema: str) -> None:
     r = cli("enqueue", '{"invoice": 7}', "--queue", "emails", "--schema", schema, "--json", env=env)
     assert r.returncode == 0, r.stderr
     [job_id] = json.loads(r.stdout)["ids"]
-    r = cli(
-        "enqueue",
-        '{"invoice": 7}',
-        "--queue",
-        "emails",
-        "--key",
-        "inv-7",
-        "--schema",
-        schema,
-        env=env,
-    )
-    r2 = cli(
-        "enqueue",
-        '{"invoice": 7}',
-        "--queue",
-        "emails",
-        "--key",
-        "inv-7",
-        "--schema",
-        schema,
-        env=env,
-    )
+    keyed = ("enqueue", '{"invoice": 7}', "--queue", "emails", "--key", "inv-7", "--schema", schema)
+    r = cli(*keyed, env=env)
+    r2 = cli(*keyed, env=env)
     assert r.stdout == r2.stdout and int(r.stdout) != job_id
     r = cli("status", "--schema", schema, "--json", env=env)
     [row] = json.loads(r.stdout)["queues"]

@@ -2,29 +2,56 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from typing import Any
 
 import click
 
-from ._cli_common import dsn_option, echo_json, json_option, schema_option, user_errors
-from ._config import validate_queue
-from ._errors import ConfigError, PayloadError
-from ._queue import Queue
+from .._config import validate_queue
+from .._errors import ConfigError, PayloadError
+from .._queue import Queue
+from .common import dsn_option, echo_json, json_option, schema_option, user_errors
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The core's commands, and the tools' (lab, audit, chaos, demo) imported when named.
+
+    Each tool keeps its command in its own package and builds it on the public API (and
+    ``skiplock.cli.common``); importing it only when asked for keeps ``skiplock enqueue``
+    from loading pglast or the lab, and lets a tool's module import ``skiplock.cli``
+    without an import cycle.
+    """
+
+    TOOLS = {
+        "audit": "skiplock.audit._cli",
+        "chaos": "skiplock.chaos._cli",
+        "demo": "skiplock.demo._cli",
+        "race": "skiplock.lab._cli",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.TOOLS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.TOOLS and cmd_name not in self.commands:
+            module = importlib.import_module(self.TOOLS[cmd_name])
+            self.add_command(getattr(module, cmd_name))
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="skiplock")
 def main() -> None:
     """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
 
 
 def _queue(dsn: str | None, schema: str, **kwargs: Any) -> Queue:
-    from ._config import resolve_dsn
-    from ._embedded import embedded_data_dir
+    from .._config import resolve_dsn
+    from .._embedded import embedded_data_dir
 
     if resolve_dsn(dsn) is None:
         # Say where the data lives: a user who forgot --dsn should notice at once.
@@ -295,8 +322,8 @@ def worker(
     import os
     import signal
 
-    from ._handlers import load_handler
-    from ._worker import Worker
+    from .._handlers import load_handler
+    from .._worker import Worker
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -388,7 +415,7 @@ def roles(
     """
     import os
 
-    from ._roles import default_role_names, ensure_roles, roles_script, validate_role
+    from .._roles import default_role_names, ensure_roles, roles_script, validate_role
 
     default_producer, default_worker = default_role_names(schema)
     names = {
@@ -506,8 +533,8 @@ def verify(
     worker sessions waiting on locks (a serialising claim) and, with --audit-table and
     --key-column, keys your audit table recorded twice: the postmortem's checks.
     """
-    from ._verify import AuditSpec, parse_window
-    from ._verify import verify as run_verify
+    from .._verify import AuditSpec, parse_window
+    from .._verify import verify as run_verify
 
     if (audit_table is None) != (key_column is None):
         raise click.UsageError("--audit-table and --key-column go together")
@@ -531,26 +558,3 @@ def verify(
     else:
         click.echo(report.render())
     sys.exit(report.exit_code)
-
-
-# Commands of the optional parts (lab, audit, chaos, demo) register below; each lives in
-# its own package and uses only the public API of the core.
-from .lab._cli import race  # noqa: E402
-
-main.add_command(race)
-
-from .audit._cli import audit  # noqa: E402
-
-main.add_command(audit)
-
-from .chaos._cli import chaos  # noqa: E402
-
-main.add_command(chaos)
-
-from .demo._cli import demo  # noqa: E402
-
-main.add_command(demo)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
