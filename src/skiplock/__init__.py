@@ -12,6 +12,7 @@ from ._errors import (
     SkiplockError,
 )
 from ._job import Job
+from ._periodic import Periodic
 from ._queue import Queue
 from ._worker import Worker, WorkerStats
 
@@ -25,6 +26,7 @@ __all__ = [
     "Job",
     "LeaseLost",
     "PayloadError",
+    "Periodic",
     "Queue",
     "Retry",
     "RetryPolicy",

@@ -61,14 +61,23 @@ def _migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[
         )
         current = schema_version(conn, schema)
         known = migrations()
-        if current > len(known):
+        newest = known[-1].version if known else 0
+        if current > newest:
             raise ConfigError(
                 f"schema {schema!r} is at version {current}, newer than this skiplock "
-                f"({len(known)}); upgrade skiplock"
+                f"({newest}); upgrade skiplock"
             )
+        # By set, not by "above the current version": a migration numbered below one
+        # already applied (two branches landing in either order) is still applied.
+        done = {
+            int(v)  # type: ignore[call-overload]
+            for (v,) in conn.execute(
+                sql.SQL("SELECT version FROM {}.migrations").format(ident)
+            ).fetchall()
+        }
         applied: list[int] = []
         for mig in known:
-            if mig.version <= current:
+            if mig.version in done:
                 continue
             conn.execute(mig.render(schema))
             conn.execute(

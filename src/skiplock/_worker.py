@@ -35,6 +35,7 @@ from ._config import validate_queue
 from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Job
+from ._periodic import Periodic, PeriodicScheduler, check_periodic
 from ._queue import Queue
 from ._sql import channel_name
 
@@ -126,6 +127,10 @@ class Worker:
     retention
         If set, delete jobs finished more than this many seconds ago, a small batch
         every ``prune_interval`` seconds (``skiplock prune`` does the same once).
+    periodic
+        ``Periodic`` schedules this worker enqueues, in a thread of its own.  Run the
+        same list on any number of workers: each tick is enqueued once (see
+        docs/periodic.md).  The jobs go to each spec's queue, served here or not.
     """
 
     def __init__(
@@ -148,6 +153,7 @@ class Worker:
         retention: float | None = None,
         prune_interval: float = 60.0,
         synchronous_commit: bool = False,
+        periodic: Sequence[Periodic] = (),
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -190,6 +196,7 @@ class Worker:
         self._on_event = on_event
         self.retention = retention
         self.prune_interval = prune_interval
+        self.periodic = check_periodic(periodic)
 
         app = f"skiplock-worker:{self.name}"
         self._settings: QueueSettings = replace(
@@ -251,7 +258,7 @@ class Worker:
         if self._running:
             raise RuntimeError("worker already running")
         self._running = True
-        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3)
+        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3 + bool(self.periodic))
         self._pool = HandlerPool(
             self.concurrency,
             self._run_one,
@@ -262,6 +269,11 @@ class Worker:
         self._start_thread(self._writer_loop, "writer")
         if self.listen:
             self._start_thread(self._listen_loop, "listener")
+        if self.periodic:
+            scheduler = PeriodicScheduler(
+                self._q, self.periodic, stop=self._stopping, name=f"worker {self.name}"
+            )
+            self._start_thread(scheduler.run, "periodic")
         logger.info(
             "worker %s: queues %s, concurrency %d, lease %gs",
             self.name,

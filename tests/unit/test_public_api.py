@@ -10,6 +10,7 @@ PUBLIC = {
     "Job",
     "LeaseLost",
     "PayloadError",
+    "Periodic",
     "Queue",
     "Retry",
     "RetryPolicy",
