@@ -92,7 +92,8 @@ class Periodic:
         recent missed tick alone.
     grace
         Seconds a tick may be late and still be enqueued under ``skip`` and
-        ``latest``, and how far back a schedule with no history looks.
+        ``latest``; a schedule with no history enqueues its newest tick if it is
+        at most this old.
     priority, max_attempts
         As for ``Queue.enqueue``.
     """
@@ -212,8 +213,9 @@ def plan_ticks(spec: Periodic, last: datetime | None, now: datetime) -> TickPlan
     """The ticks in (last, now] to enqueue under ``spec.catch_up``.
 
     ``last`` is the schedule's last enqueued tick (from the database), None if it never
-    ran; ``now`` an aware datetime.  A schedule with no history enqueues only ticks at
-    most ``grace`` seconds old, whatever the policy: there is nothing it missed.
+    ran; ``now`` an aware datetime.  A schedule with no history enqueues at most its
+    newest tick, if that is at most ``grace`` seconds old, whatever the policy: it
+    missed nothing, and a deploy just after a tick should not lose it.
     """
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -226,7 +228,10 @@ def plan_ticks(spec: Periodic, last: datetime | None, now: datetime) -> TickPlan
         tick = local.astimezone(UTC)
         if last is not None and tick <= last:
             break
-        if last is None and tick < window:
+        if last is None:
+            # Nothing was missed: at most the newest tick, if it is not yet too late.
+            if tick >= window:
+                newest_first.append(tick)
             break
         if spec.catch_up != "all" and tick < window:
             if spec.catch_up == "latest" and not newest_first:

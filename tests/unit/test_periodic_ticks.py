@@ -130,11 +130,13 @@ def test_all_is_capped_to_the_most_recent_ticks() -> None:
 
 
 @pytest.mark.parametrize("policy", ["skip", "all", "latest"])
-def test_no_history_looks_back_only_grace(policy: str) -> None:
+def test_no_history_enqueues_at_most_the_newest_tick(policy: str) -> None:
     s = spec(MINUTELY, catch_up=policy, grace=130)
     plan = plan_ticks(s, None, NOW + timedelta(seconds=5))
-    assert plan.ticks == [NOW - timedelta(minutes=2), NOW - timedelta(minutes=1), NOW]
-    assert plan.dropped is None
+    assert plan.ticks == [NOW] and plan.dropped is None
+    hourly = spec("0 * * * *", catch_up=policy, grace=130)
+    assert plan_ticks(hourly, None, NOW + timedelta(seconds=130)).ticks == [NOW]
+    assert plan_ticks(hourly, None, NOW + timedelta(seconds=131)).ticks == []
 
 
 def test_a_rare_cron_plans_nothing_until_it_fires() -> None:
