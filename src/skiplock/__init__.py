@@ -18,6 +18,7 @@ from ._errors import (
     UnknownQueue,
 )
 from ._job import Job
+from ._periodic import Periodic
 from ._queue import Queue
 from ._worker import Worker, WorkerStats
 
@@ -34,6 +35,7 @@ __all__ = [
     "JobStateError",
     "LeaseLost",
     "PayloadError",
+    "Periodic",
     "Queue",
     "QueueConfig",
     "Retry",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 from psycopg import sql
 
@@ -11,7 +9,7 @@ from ._errors import ConfigError
 from ._ops import Execute, Op
 from ._sql import migrations
 
-__all__ = ["migrate", "migrate_op", "schema_version"]
+__all__ = ["migrate_op", "schema_version"]
 
 _LOCK_KEY = "skiplock.migrate:"
 
@@ -29,14 +27,6 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
         )
     ).fetchone()
     return int(row[0]) if row else 0  # type: ignore[call-overload]
-
-
-def migrate(conn: psycopg.Connection[Any], schema: str) -> list[int]:
-    """Apply the missing migrations to ``schema`` on ``conn`` (autocommit, idle)."""
-    from ._queue import run_op
-
-    applied: list[int] = run_op(conn, migrate_op(schema))
-    return applied
 
 
 def migrate_op(schema: str) -> Op[list[int]]:
@@ -70,19 +60,20 @@ def _apply(schema: str, ident: sql.Identifier) -> Op[list[int]]:
             " applied_at timestamptz NOT NULL DEFAULT now())"
         ).format(ident)
     )
-    rows = yield Execute(
-        sql.SQL("SELECT coalesce(max(version), 0) AS v FROM {}.migrations").format(ident)
-    )
-    current = int(rows[0]["v"])
+    rows = yield Execute(sql.SQL("SELECT version FROM {}.migrations").format(ident))
+    done = {int(r["version"]) for r in rows}
     known = migrations()
-    if current > len(known):
+    newest = known[-1].version if known else 0
+    if done and max(done) > newest:
         raise ConfigError(
-            f"schema {schema!r} is at version {current}, newer than this skiplock "
-            f"({len(known)}); upgrade skiplock"
+            f"schema {schema!r} is at version {max(done)}, newer than this skiplock "
+            f"({newest}); upgrade skiplock"
         )
+    # By set, not by "above the current version": a migration numbered below one
+    # already applied (two branches landing in either order) is still applied.
     applied: list[int] = []
     for mig in known:
-        if mig.version <= current:
+        if mig.version in done:
             continue
         yield Execute(mig.render(schema))
         yield Execute(

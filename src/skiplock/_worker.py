@@ -31,6 +31,7 @@ from ._base import backoff
 from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Job
+from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
 from ._workerbase import WorkerBase, WorkerStats, default_worker_name, one_line
@@ -94,6 +95,10 @@ class Worker(WorkerBase):
     retention
         If set, delete jobs finished more than this many seconds ago, a small batch
         every ``prune_interval`` seconds (``skiplock prune`` does the same once).
+    periodic
+        ``Periodic`` schedules this worker enqueues, in a thread of its own.  Run the
+        same list on any number of workers: each tick is enqueued once (see
+        docs/periodic.md).  The jobs go to each spec's queue, served here or not.
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class Worker(WorkerBase):
         retention: float | None = None,
         prune_interval: float = 60.0,
         synchronous_commit: bool = False,
+        periodic: Sequence[Periodic] = (),
     ) -> None:
         super().__init__(
             queue,
@@ -134,6 +140,7 @@ class Worker(WorkerBase):
             retention=retention,
             prune_interval=prune_interval,
             synchronous_commit=synchronous_commit,
+            periodic=periodic,
         )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
@@ -199,7 +206,7 @@ class Worker(WorkerBase):
         if self._running:
             raise RuntimeError("worker already running")
         self._running = True
-        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3)
+        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3 + bool(self.periodic))
         self._pool = HandlerPool(
             self.concurrency,
             self._run_one,
@@ -210,6 +217,11 @@ class Worker(WorkerBase):
         self._start_thread(self._writer_loop, "writer")
         if self.listen:
             self._start_thread(self._listen_loop, "listener")
+        if self.periodic:
+            scheduler = PeriodicScheduler(
+                self._q, self.periodic, stop=self._stopping, name=f"worker {self.name}"
+            )
+            self._start_thread(scheduler.run, "periodic")
         logger.info(
             "worker %s: queues %s, concurrency %d, lease %gs",
             self.name,
@@ -462,6 +474,8 @@ class Worker(WorkerBase):
                     conn.execute(sql.SQL("LISTEN {}").format(channel))
                     failures = 0
                     self._wake.set()  # whatever was enqueued while we were away
+                    if self.inflight():
+                        self._results.put(_BEAT)  # and any cancel announced meanwhile
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in wanted:

@@ -22,6 +22,7 @@ from ._errors import ConfigError
 from ._handlers import Handler, Outcome
 from ._job import Job
 from ._ops import FenceResult
+from ._periodic import Periodic, check_periodic
 
 __all__ = ["WorkerBase", "WorkerStats", "default_worker_name", "one_line"]
 
@@ -88,6 +89,7 @@ class WorkerBase:
         retention: float | None,
         prune_interval: float,
         synchronous_commit: bool,
+        periodic: Sequence[Periodic] = (),
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -123,6 +125,7 @@ class WorkerBase:
         self._on_event = on_event
         self.retention = retention
         self.prune_interval = prune_interval
+        self.periodic = check_periodic(periodic)
         self._settings: QueueSettings = replace(
             queue.settings,
             application_name=f"skiplock-worker:{self.name}",

@@ -28,3 +28,7 @@ def record(job: Job) -> None:
     sleep = sleep or job.payload.get("sleep", 0)
     if sleep:
         time.sleep(sleep)
+
+
+def noop(job: Job) -> None:
+    """For schedules whose jobs only need to exist (test_periodic_cli.py)."""

@@ -37,7 +37,8 @@ from skiplock import (
     Worker,
 )
 from skiplock._config import check_dsn
-from skiplock._migrate import migrate
+from skiplock._migrate import migrate_op
+from skiplock._queue import run_op
 from skiplock._sql import migrations
 
 from .migrate_util import migrate_in_processes
@@ -459,7 +460,7 @@ def test_concurrent_upgrade_from_processes_applies_once(dsn: str, schema: str, a
     outs = migrate_in_processes(dsn, schema, 5)
     rest = [m.version for m in migrations()[1:]]
     assert outs == sorted(["[]"] * 4 + [str(rest)])
-    assert migrate(admin, schema) == []
+    assert run_op(admin, migrate_op(schema)) == []
     assert count_jobs(admin, schema) == 1
 
 

@@ -17,6 +17,7 @@ PUBLIC = {
     "JobStateError",
     "LeaseLost",
     "PayloadError",
+    "Periodic",
     "Queue",
     "QueueConfig",
     "Retry",

@@ -169,6 +169,30 @@ def sweep(dsn: str | None, schema: str, as_json: bool) -> None:
         click.echo(f"swept {n} job(s)")
 
 
+def _periodic_specs(
+    specs: tuple[str, ...], queue: str, timezone: str, catch_up: str, grace: float
+) -> list[Any]:
+    """--periodic NAME=CRON options as checked Periodic specs (ConfigError: exit 2)."""
+    from .._periodic import Periodic, check_periodic
+
+    out = []
+    for text in specs:
+        name, sep, cron = text.partition("=")
+        if not sep:
+            raise ConfigError(f"--periodic expects NAME=CRON, not {text!r}")
+        out.append(
+            Periodic(
+                name.strip(),
+                cron.strip(),
+                queue=queue,
+                timezone=timezone,
+                catch_up=catch_up,  # type: ignore[arg-type]  # Periodic checks it
+                grace=grace,
+            )
+        )
+    return check_periodic(out)
+
+
 @main.command()
 @click.option(
     "--older-than", default=7 * 86400.0, show_default=True, help="Seconds since the job finished."
@@ -294,6 +318,35 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     show_default=True,
     help="Apply migrations on start.",
 )
+@click.option(
+    "--periodic",
+    "periodic_specs",
+    multiple=True,
+    metavar="NAME=CRON",
+    help="Enqueue a job on this cron schedule (5 fields, or 6 with seconds first); repeat "
+    "for several.  Every worker may run the same schedules: each tick is enqueued once.",
+)
+@click.option(
+    "--periodic-queue",
+    default=None,
+    help="Queue of the --periodic jobs [default: the first --queue].",
+)
+@click.option("--timezone", default="UTC", show_default=True, help="IANA zone of --periodic.")
+@click.option(
+    "--catch-up",
+    default="skip",
+    show_default=True,
+    metavar="skip|all|latest",
+    help="Missed --periodic ticks after downtime: skip those over --periodic-grace "
+    "late, all, or the latest.",
+)
+@click.option(
+    "--periodic-grace",
+    "periodic_grace",
+    default=60.0,
+    show_default=True,
+    help="Seconds a --periodic tick may be late and still be enqueued.",
+)
 @click.option("-v", "--verbose", is_flag=True)
 @dsn_option
 @schema_option
@@ -313,11 +366,20 @@ def worker(
     shutdown_grace: float,
     retention: float | None,
     do_migrate: bool,
+    periodic_specs: tuple[str, ...],
+    periodic_queue: str | None,
+    timezone: str,
+    catch_up: str,
+    periodic_grace: float,
     verbose: bool,
     dsn: str | None,
     schema: str,
 ) -> None:
-    """Run handlers for jobs until SIGTERM/SIGINT (a second signal exits at once)."""
+    """Run handlers for jobs until SIGTERM/SIGINT (a second signal exits at once).
+
+    With --periodic NAME=CRON, also enqueue a job on that schedule, with payload
+    {"periodic": NAME, "scheduled_at": ISO time}, to --periodic-queue.
+    """
     import logging
     import os
     import signal
@@ -333,6 +395,9 @@ def worker(
     handler = load_handler(handler_path)
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything
+    periodic = _periodic_specs(
+        periodic_specs, periodic_queue or queues[0], timezone, catch_up, periodic_grace
+    )
     q = _queue(dsn, schema, min_size=1, max_size=1)
     try:
         if do_migrate:
@@ -352,6 +417,7 @@ def worker(
             listen=not no_listen,
             shutdown_grace=shutdown_grace,
             retention=retention,
+            periodic=periodic,
         )
         signals = {"n": 0}
 
