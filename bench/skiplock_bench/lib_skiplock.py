@@ -198,8 +198,10 @@ def drain_cli_child(spec: ChildSpec, chan: Channel) -> None:
                         break
                     time.sleep(0.005)
                 else:
+                    # Coarse: the db clock does not depend on when the end is seen, and a
+                    # busy poll would take CPU the in-process configuration keeps.
                     chan.progress[spec.index] = ran
-                    time.sleep(0.001)
+                    time.sleep(0.02)
             chan.stop.wait()
         finally:
             proc.send_signal(signal.SIGTERM)
