@@ -149,3 +149,17 @@ def backend_pids(dsn: str) -> list[int]:
             "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
         ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+def db_clock_rate(dsn: str, schema: str | None, since: int, n: int) -> float:
+    """n / (last finished_at - first started_at) of the drained jobs, server timestamps."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT extract(epoch FROM max(finished_at) - min(started_at)) "
+                "FROM {}.jobs WHERE id > %s AND status = 'done'"
+            ).format(sql.Identifier(schema or lib_skiplock.SCHEMA)),
+            (since,),
+        ).fetchone()
+    secs = float(row[0]) if row and row[0] is not None else 0.0
+    return n / secs if secs > 0 else float("nan")

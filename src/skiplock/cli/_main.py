@@ -272,7 +272,12 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     "--handler", "handler_path", required=True, help="module:function called with each Job."
 )
 @click.option("--concurrency", default=4, show_default=True, help="Handlers running at once.")
-@click.option("--prefetch", default=0, show_default=True, help="Jobs claimed beyond free capacity.")
+@click.option(
+    "--prefetch",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency].",
+)
 @click.option(
     "--lease", default=30.0, show_default=True, help="Seconds a claim lasts without heartbeat."
 )
@@ -355,7 +360,7 @@ def worker(
     queues: tuple[str, ...],
     handler_path: str,
     concurrency: int,
-    prefetch: int,
+    prefetch: int | None,
     lease: float,
     heartbeat_interval: float | None,
     job_timeout: float | None,
