@@ -402,6 +402,34 @@ class QueueBase:
         }
         return lambda _after: _control.configure(self._stmts, queue, **op_args)
 
+    def _requeue_op(self, job_id: int) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _control.requeue(self._stmts, job_id)
+
+    def _delete_op(self, job_id: int) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _control.delete(self._stmts, job_id)
+
+    def _list_jobs_op(
+        self, queue: str | None, status: str | None, limit: int, before_id: int | None
+    ) -> MakeOp:
+        if queue is not None:
+            validate_queue(queue)
+        if status is not None and status not in _control.STATUSES:
+            raise ValueError(
+                f"unknown status {status!r}; one of {', '.join(sorted(_control.STATUSES))}"
+            )
+        if not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be from 1 to 10000, not {limit!r}")
+        params = {"queue": queue, "status": status, "limit": limit, "before": before_id}
+        return lambda _after: _single(self._stmts.list_jobs, params)
+
+    def _throughput_op(self, window: float, bucket: float) -> MakeOp:
+        if not 0 < bucket <= window:
+            raise ValueError("bucket must be positive and at most the window")
+        params = {"window": float(window), "bucket": float(bucket)}
+        return lambda _after: _single(self._stmts.throughput, params)
+
     def _queues_op(self) -> MakeOp:
         return lambda _after: _control.queue_configs(self._stmts)
 

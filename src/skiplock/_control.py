@@ -32,8 +32,10 @@ __all__ = [
     "cancel",
     "check_limits",
     "configure",
+    "delete",
     "encode_result",
     "queue_configs",
+    "requeue",
     "set_paused",
     "settle",
     "watch",
@@ -41,6 +43,7 @@ __all__ = [
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 FINAL = frozenset({"done", "failed", "cancelled"})
+STATUSES = frozenset({"pending", "running", *FINAL})
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +198,28 @@ def settle(row: Mapping[str, Any]) -> tuple[bool, Any]:
     if status == "cancelled":
         raise JobCancelled(int(row["id"]))
     return False, None
+
+
+def requeue(stmts: Statements, job_id: int) -> Op[None]:
+    """Make a finished job pending again (an operator's retry)."""
+    rows = yield Execute(stmts.requeue, {"id": job_id})
+    if rows:
+        return
+    rows = yield Execute(stmts.job_state, {"id": job_id})
+    if not rows:
+        raise UnknownJob(job_id)
+    raise JobStateError(
+        f"job {job_id} is {rows[0]['status']}; only done, failed or cancelled jobs can be "
+        "retried (cancel a running job first)"
+    )
+
+
+def delete(stmts: Statements, job_id: int) -> Op[None]:
+    """Delete a job that is not running."""
+    rows = yield Execute(stmts.delete_job, {"id": job_id})
+    if rows:
+        return
+    rows = yield Execute(stmts.job_state, {"id": job_id})
+    if not rows:
+        raise UnknownJob(job_id)
+    raise JobStateError(f"job {job_id} is running; cancel it before deleting it")

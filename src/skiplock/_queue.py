@@ -461,6 +461,37 @@ class Queue(QueueBase):
         )
         return cast(QueueConfig, cfg)
 
+    def requeue(self, job_id: int) -> None:
+        """Run a done, failed or cancelled job again, with fresh attempts (an operator's
+        retry).  UnknownJob, or JobStateError for a pending or running job."""
+        self._execute(self._requeue_op(job_id), what="requeue")
+
+    def delete(self, job_id: int) -> None:
+        """Delete a job that is not running.  UnknownJob, or JobStateError if running."""
+        self._execute(self._delete_op(job_id), what="delete")
+
+    def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered by queue and status; page with ``before_id``.
+
+        Rows carry the job's columns but the payload and result (``get`` has them), and
+        the first 200 characters of the last error as ``last_error_head``.
+        """
+        op = self._list_jobs_op(queue, status, limit, before_id)
+        return list(self._execute(op, what="list_jobs"))
+
+    def throughput(self, *, window: float = 3600.0, bucket: float = 60.0) -> list[dict[str, Any]]:
+        """Jobs finished per ``bucket`` seconds over the last ``window`` seconds:
+        rows of queue, status, at (the bucket's start) and jobs."""
+        op = self._throughput_op(window, bucket)
+        return list(self._execute(op, what="throughput"))
+
     def queue_settings(self) -> list[QueueConfig]:
         """The settings of every queue that has any (pause, limits, results)."""
         return list(self._execute(self._queues_op(), what="queue_settings"))

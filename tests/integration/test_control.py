@@ -24,6 +24,7 @@ from skiplock import (
     Job,
     JobCancelled,
     JobFailed,
+    JobStateError,
     Queue,
     UnknownJob,
     UnknownQueue,
@@ -368,3 +369,35 @@ def test_cancel_cancels_an_async_handlers_task(
     assert state.get("cancelled")
     wait_until(lambda: w.stats.snapshot()["cancelled"] == 1, what="cancelled counted")
     assert w.stats.snapshot()["completed"] == 0
+
+
+# -- operator actions (the dashboard's buttons) ------------------------------------------------
+
+
+def test_requeue_delete_list_and_throughput(queue: Queue) -> None:
+    a, b, c = queue.enqueue_many([{"n": n} for n in range(3)], queue="ops")
+    ja, jb = queue.claim(worker="w", queue="ops", limit=2)
+    queue.fail(ja, "boom", retry=False)
+    queue.complete(jb)
+    with pytest.raises(JobStateError, match="pending"):
+        queue.requeue(c)
+    queue.requeue(a)
+    again = queue.get(a)
+    assert again is not None and (again.status, again.attempts) == ("pending", 0)
+    with pytest.raises(UnknownJob):
+        queue.requeue(424242)
+    [jc] = [j for j in queue.claim(worker="w", queue="ops", limit=5) if j.id == c] or [None]
+    assert jc is not None
+    with pytest.raises(JobStateError, match="running"):
+        queue.delete(c)
+    queue.delete(b)
+    assert queue.get(b) is None
+    rows = queue.list_jobs(queue="ops")
+    assert [r["id"] for r in rows] == [c, a]
+    assert [r["id"] for r in queue.list_jobs(queue="ops", status="running")] == [c, a]
+    assert queue.list_jobs(queue="ops", before_id=c, limit=1)[0]["id"] == a
+    with pytest.raises(ValueError, match="unknown status"):
+        queue.list_jobs(status="nope")
+    queue.complete(jc)
+    counts = {(r["queue"], r["status"]): r["jobs"] for r in queue.throughput(window=600, bucket=60)}
+    assert counts.get(("ops", "done")) == 1

@@ -43,7 +43,16 @@ WORKER = {
     "status",
 }
 # Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
-OWNER = {"prune", "configure_queue", "set_paused", "queue_settings"}
+OWNER = {
+    "prune",
+    "configure_queue",
+    "set_paused",
+    "queue_settings",
+    "list_jobs",
+    "requeue",
+    "delete_job",
+    "throughput",
+}
 
 
 def parsed(name: str) -> Any:

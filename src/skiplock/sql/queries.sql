@@ -385,3 +385,46 @@ RETURNING name, paused;
 SELECT name, paused, concurrency_limit, rate_limit, rate_burst, store_results, updated_at
 FROM {schema}.queues
 ORDER BY name;
+
+-- name: list_jobs
+-- Newest first, a page at a time (keyset on id: no OFFSET scan); NULL filters match all.
+SELECT id, queue, status, priority, attempts, max_attempts, worker, run_at, created_at,
+       started_at, finished_at, locked_until, cancel_requested,
+       left(last_error, 200) AS last_error_head
+FROM {schema}.jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: requeue
+-- An operator's retry of a finished job: pending again at once with fresh attempts.
+-- Not for a running job (its lease holder would be overridden: cancel it first).  The
+-- completion counter is kept, so `verify` still sees a job that was done more than once.
+UPDATE {schema}.jobs
+SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+    started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
+    result = NULL
+WHERE id = %(id)s
+  AND status IN ('done', 'failed', 'cancelled')
+RETURNING id, status;
+
+-- name: delete_job
+-- Delete a job that is not running (a running one has a lease holder: cancel first).
+DELETE FROM {schema}.jobs
+WHERE id = %(id)s
+  AND status <> 'running'
+RETURNING id, status;
+
+-- name: throughput
+-- Jobs finished per bucket of `bucket` seconds over the last `window` seconds, per queue
+-- and final status: the dashboard's chart.  Reads jobs_finished_idx.
+SELECT queue, status,
+       to_timestamp(floor(extract(epoch FROM finished_at) / %(bucket)s) * %(bucket)s) AS at,
+       count(*) AS jobs
+FROM {schema}.jobs
+WHERE status IN ('done', 'failed', 'cancelled')
+  AND finished_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2, 3
+ORDER BY 3, 1, 2;
