@@ -27,6 +27,11 @@ class _Main(click.Group):
     """
 
     TOOLS = {
+        "cancel": "skiplock.cli._control",
+        "limit": "skiplock.cli._control",
+        "pause": "skiplock.cli._control",
+        "result": "skiplock.cli._control",
+        "resume": "skiplock.cli._control",
         "audit": "skiplock.audit._cli",
         "chaos": "skiplock.chaos._cli",
         "demo": "skiplock.demo._cli",
