@@ -78,6 +78,7 @@ class AsyncQueue(QueueBase):
         retry_policy: RetryPolicy | None = None,
         connect_timeout: float = 10.0,
         check_connections: bool = True,
+        pooler: bool = False,
     ) -> None:
         self._configure(
             dsn,
@@ -89,6 +90,7 @@ class AsyncQueue(QueueBase):
             retry_policy=retry_policy,
             connect_timeout=connect_timeout,
             check_connections=check_connections,
+            pooler=pooler,
         )
         self._pool: AsyncConnectionPool | None = None
 

@@ -93,6 +93,10 @@ class Queue(QueueBase):
         Before lending a pooled connection, check (with a zero-timeout select, and
         a round trip only if the server sent something while it was idle) that the
         server has not closed it, so an enqueue is not lost to a dead connection.
+    pooler
+        The DSN points at a transaction pooler (PgBouncer ``pool_mode=transaction``):
+        no server-side prepared statements, no session settings; workers poll
+        instead of LISTEN.  See docs/pgbouncer.md.
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class Queue(QueueBase):
         retry_policy: RetryPolicy | None = None,
         connect_timeout: float = 10.0,
         check_connections: bool = True,
+        pooler: bool = False,
         open: bool = True,
     ) -> None:
         self._configure(
@@ -119,6 +124,7 @@ class Queue(QueueBase):
             retry_policy=retry_policy,
             connect_timeout=connect_timeout,
             check_connections=check_connections,
+            pooler=pooler,
         )
         self._pool: ConnectionPool | None = None
         if open:

@@ -114,6 +114,12 @@ class Worker:
         ``claimed``, ``started``, ``completed`` (the fenced write committed),
         ``retried``, ``failed``, ``released``, ``timed_out``, ``lease_lost``.
         It runs on the worker's own threads: keep it quick; exceptions are logged.
+    on_measure
+        ``f(name, value, queue)`` for figures that belong to no single job, same
+        rules as ``on_event``: ``claim_seconds`` (one claim's round trip, per queue),
+        ``swept`` (jobs a sweep returned; queue None), ``heartbeat_missed`` (jobs of
+        a queue whose heartbeat failed or found the lease gone).
+        ``skiplock.metrics.WorkerMetrics`` turns both hooks into metrics.
     synchronous_commit
         Off by default on the worker's own connections (claims, heartbeats, fenced
         writes; enqueues elsewhere stay synchronous).  A commit then returns before
@@ -145,6 +151,7 @@ class Worker:
         prefetch: int | None = None,
         shutdown_grace: float = 30.0,
         on_event: Callable[[str, Job], None] | None = None,
+        on_measure: Callable[[str, float, str | None], None] | None = None,
         retention: float | None = None,
         prune_interval: float = 60.0,
         synchronous_commit: bool = False,
@@ -175,7 +182,7 @@ class Worker:
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.job_timeout = job_timeout
-        self.listen = listen
+        self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
         # could have used).  So by default it adapts: about as many jobs as the
@@ -188,6 +195,7 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
         self._on_event = on_event
+        self._on_measure = on_measure
         self.retention = retention
         self.prune_interval = prune_interval
 
@@ -341,7 +349,9 @@ class Worker:
             name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
             jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
-            self._claim_rtt += 0.1 * (time.monotonic() - began - self._claim_rtt)
+            rtt = time.monotonic() - began
+            self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
+            self._measure("claim_seconds", rtt, name)
             if not jobs:
                 continue
             more = more or len(jobs) == free
@@ -366,6 +376,7 @@ class Worker:
             return
         if n:
             self.stats.add(sweeps_recovered=n)
+            self._measure("swept", n, None)
             logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
             self._wake.set()
 
@@ -390,6 +401,21 @@ class Worker:
             self._on_event(event, job)
         except Exception:
             logger.exception("on_event hook failed for %s of job %s", event, job.id)
+
+    def _measure(self, name: str, value: float, queue: str | None) -> None:
+        if self._on_measure is None:
+            return
+        try:
+            self._on_measure(name, value, queue)
+        except Exception:
+            logger.exception("on_measure hook failed for %s", name)
+
+    def _missed(self, jobs: Sequence[Job]) -> None:
+        per_queue: dict[str, int] = {}
+        for job in jobs:
+            per_queue[job.queue] = per_queue.get(job.queue, 0) + 1
+        for queue_name, n in per_queue.items():
+            self._measure("heartbeat_missed", n, queue_name)
 
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
@@ -522,6 +548,7 @@ class Worker:
         except Exception as exc:
             self.stats.add(db_errors=1)
             logger.warning("worker %s: heartbeat failed (%s)", self.name, _one_line(exc))
+            self._missed(jobs)
             return
         self.stats.add(heartbeats=len(res.done))
         if res.lost:
@@ -532,6 +559,7 @@ class Worker:
                 ", ".join(map(str, res.lost)),
             )
             lost_ids = set(res.lost)
+            self._missed([job for job in jobs if job.id in lost_ids])
             for job in jobs:
                 if job.id in lost_ids:
                     self._emit("lease_lost", job)

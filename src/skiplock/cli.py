@@ -251,6 +251,20 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
 )
 @click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction mode).")
 @click.option(
+    "--pooler",
+    is_flag=True,
+    help="The DSN is a transaction pooler (PgBouncer): poll, no prepared statements.",
+)
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port (0: any free port; needs skiplock[metrics]).",
+)
+@click.option(
+    "--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+@click.option(
     "--grace",
     "shutdown_grace",
     default=30.0,
@@ -283,6 +297,9 @@ def worker(
     poll_interval: float,
     sweep_interval: float,
     no_listen: bool,
+    pooler: bool,
+    metrics_port: int | None,
+    metrics_addr: str,
     shutdown_grace: float,
     retention: float | None,
     do_migrate: bool,
@@ -306,10 +323,20 @@ def worker(
     handler = load_handler(handler_path)
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything
-    q = _queue(dsn, schema, min_size=1, max_size=1)
+    q = _queue(dsn, schema, min_size=1, max_size=1, pooler=pooler)
+    metrics = None
     try:
         if do_migrate:
             q.migrate()
+        if metrics_port is not None:
+            from .metrics import WorkerMetrics
+
+            metrics = WorkerMetrics(q)
+            port = metrics.serve(metrics_port, metrics_addr)
+            metrics.start()
+            logging.getLogger("skiplock.worker").info(
+                "metrics at http://%s:%d/metrics", metrics_addr, port
+            )
         w = Worker(
             q,
             handler,
@@ -325,6 +352,8 @@ def worker(
             listen=not no_listen,
             shutdown_grace=shutdown_grace,
             retention=retention,
+            on_event=None if metrics is None else metrics.on_event,
+            on_measure=None if metrics is None else metrics.on_measure,
         )
         signals = {"n": 0}
 
@@ -345,6 +374,8 @@ def worker(
         signal.signal(signal.SIGINT, on_signal)
         w.run()
     finally:
+        if metrics is not None:
+            metrics.close()
         q.close()
 
 
