@@ -265,6 +265,13 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     "--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
 )
 @click.option(
+    "--metrics-interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between the status queries behind the per-queue gauges.",
+)
+@click.option(
     "--grace",
     "shutdown_grace",
     default=30.0,
@@ -300,6 +307,7 @@ def worker(
     pooler: bool,
     metrics_port: int | None,
     metrics_addr: str,
+    metrics_interval: float,
     shutdown_grace: float,
     retention: float | None,
     do_migrate: bool,
@@ -331,7 +339,7 @@ def worker(
         if metrics_port is not None:
             from .metrics import WorkerMetrics
 
-            metrics = WorkerMetrics(q)
+            metrics = WorkerMetrics(q, status_interval=metrics_interval)
             port = metrics.serve(metrics_port, metrics_addr)
             metrics.start()
             logging.getLogger("skiplock.worker").info(

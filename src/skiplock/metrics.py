@@ -80,6 +80,8 @@ class WorkerMetrics:
     otel
         Also record to the OpenTelemetry meter ``skiplock`` when ``opentelemetry-api``
         is importable (a no-op until the application configures a MeterProvider).
+    meter_provider
+        The OpenTelemetry MeterProvider to use; default the global one.
     status_interval
         Seconds between status queries for the gauges.
     """
@@ -90,7 +92,8 @@ class WorkerMetrics:
         *,
         registry: Any = None,
         otel: bool = True,
-        status_interval: float = 15.0,
+        meter_provider: Any = None,
+        status_interval: float = 5.0,
     ) -> None:
         if not status_interval > 0:
             raise ConfigError(f"status_interval must be positive, not {status_interval!r}")
@@ -105,7 +108,11 @@ class WorkerMetrics:
         self._prom = _PromSink(registry) if _importable("prometheus_client") else None
         if self._prom is not None:
             self._prom.add_gauges(self)
-        self._otel = _OtelSink(self) if otel and _importable("opentelemetry.metrics") else None
+        self._otel = (
+            _OtelSink(self, meter_provider)
+            if otel and _importable("opentelemetry.metrics")
+            else None
+        )
         if self._prom is None and self._otel is None:
             raise ConfigError(
                 "metrics need prometheus_client or opentelemetry-api: "
@@ -319,10 +326,10 @@ class _GaugeCollector:
 
 
 class _OtelSink:
-    def __init__(self, metrics: WorkerMetrics) -> None:
+    def __init__(self, metrics: WorkerMetrics, provider: Any) -> None:
         from opentelemetry import metrics as otel
 
-        meter = otel.get_meter("skiplock")
+        meter = otel.get_meter("skiplock", meter_provider=provider)
         self.counters: dict[str, Any] = {
             name: meter.create_counter(
                 f"skiplock.{name.replace('_', '.')}", unit="{job}", description=text
