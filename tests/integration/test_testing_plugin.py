@@ -26,6 +26,8 @@ def send(job):
         raise Retry(0)
     if kind == "crash":
         raise RuntimeError("provider down")
+    if kind == "later":
+        raise Retry(3600)
 
 def test_outcomes(skiplock_queue):
     q = skiplock_queue
@@ -33,7 +35,7 @@ def test_outcomes(skiplock_queue):
     bad = q.enqueue({"n": 2, "kind": "fail"}, queue="emails")
     again = q.enqueue({"n": 3, "kind": "retry_once"}, queue="emails")
     dead = q.enqueue({"n": 4, "kind": "crash"}, queue="emails", max_attempts=1)
-    later = q.enqueue({"n": 5, "kind": "crash"}, queue="emails", max_attempts=3)
+    later = q.enqueue({"n": 5, "kind": "later"}, queue="emails")
     r = run_pending(send, queue=q)
     assert r.statuses == {ok: "done", bad: "failed", again: "done", dead: "failed",
                           later: "pending"}
