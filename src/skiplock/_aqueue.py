@@ -111,6 +111,7 @@ class AsyncQueue(QueueBase):
         retry_policy: RetryPolicy | None = None,
         connect_timeout: float = 10.0,
         check_connections: bool = True,
+        pooler: bool = False,
         open: bool = not ASYNC,
     ) -> None:
         self._configure(
@@ -123,6 +124,7 @@ class AsyncQueue(QueueBase):
             retry_policy=retry_policy,
             connect_timeout=connect_timeout,
             check_connections=check_connections,
+            pooler=pooler,
         )
         self._pool: AsyncConnectionPool | None = None
         if ASYNC:
@@ -554,9 +556,9 @@ class AsyncQueue(QueueBase):
             raise unavailable(exc, s, "wait") from None
         async with conn:
             try:
-                await conn.execute(
-                    sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(s.schema)))
-                )
+                if not s.pooler:  # LISTEN needs a session; a pooler gives none
+                    channel = sql.Identifier(channel_name(s.schema))
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
                 row = await arun_op(conn, self._watch_op(job_id, True)(False))
                 while True:
                     finished, result = _control.settle(row)
@@ -565,10 +567,13 @@ class AsyncQueue(QueueBase):
                     left = poll_interval if deadline is None else deadline - monotonic()
                     if left <= 0:
                         raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
-                    async for _note in conn.notifies(
-                        timeout=min(left, poll_interval), stop_after=1
-                    ):
-                        pass
+                    if s.pooler:
+                        await asyncio.sleep(min(left, poll_interval))
+                    else:
+                        async for _note in conn.notifies(
+                            timeout=min(left, poll_interval), stop_after=1
+                        ):
+                            pass
                     row = await arun_op(conn, self._watch_op(job_id, False)(False))
             except psycopg.Error as exc:
                 mapped = translate_error(exc, s, "wait")

@@ -48,6 +48,8 @@ class QueueSettings:
     op_retries: int = 6
     # Workers turn this off on their own connections: see Worker(synchronous_commit=).
     synchronous_commit: bool = True
+    # Behind a transaction pooler (PgBouncer pool_mode=transaction): no session state.
+    pooler: bool = False
 
     @classmethod
     def build(cls, dsn: str | None, **kwargs: Any) -> QueueSettings:
@@ -69,7 +71,12 @@ class QueueSettings:
             "application_name": self.application_name[:63],
             "connect_timeout": max(1, int(self.connect_timeout)),
         }
-        if not self.synchronous_commit:
+        if self.pooler:
+            # Consecutive transactions may run on different server connections: a
+            # prepared statement would be missing (or another client's), and PgBouncer
+            # refuses the `options` startup parameter.
+            kwargs["prepare_threshold"] = None
+        elif not self.synchronous_commit:
             kwargs["options"] = "-c synchronous_commit=off"
         return kwargs
 
@@ -194,6 +201,7 @@ class QueueBase:
         retry_policy: RetryPolicy | None,
         connect_timeout: float,
         check_connections: bool,
+        pooler: bool = False,
     ) -> None:
         """The constructor arguments Queue and AsyncQueue share, checked once."""
         settings = QueueSettings.build(
@@ -203,6 +211,7 @@ class QueueBase:
             max_payload_bytes=max_payload_bytes,
             retry_policy=retry_policy or RetryPolicy(),
             connect_timeout=connect_timeout,
+            pooler=bool(pooler),
         )
         self._init_base(settings)
         self._min_size = min_size

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._control import DEFAULT_MAX_RESULT_BYTES, Encoded, encode_result
 from ._errors import ConfigError, Fail, PayloadError, Retry
-from ._job import Job
+from ._job import Attempt, Job
 
 __all__ = [
     "HandlerPool",
@@ -169,7 +169,7 @@ class HandlerPool:
         self._name = name
         self._tasks: SimpleQueue[Job | None] = SimpleQueue()
         self._lock = threading.Lock()
-        self._running: dict[int, _Running] = {}
+        self._running: dict[Attempt, _Running] = {}
         self._idle = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._serial = 0
@@ -195,7 +195,7 @@ class HandlerPool:
             deadline = time.monotonic() + self._timeout if self._timeout else None
             me = _Running(job, deadline)
             with self._lock:
-                self._running[job.id] = me
+                self._running[job.attempt] = me
             began = time.monotonic()
             outcome = self._run(job)
             took = time.monotonic() - began
@@ -205,7 +205,7 @@ class HandlerPool:
                         "handler for job %s returned after its timeout; result dropped", job.id
                     )
                     return
-                del self._running[job.id]
+                del self._running[job.attempt]
                 self.mean_runtime += 0.05 * (took - self.mean_runtime)
                 self._idle.notify_all()
             self._on_done(job, outcome)
@@ -214,10 +214,10 @@ class HandlerPool:
         """Abandon the threads whose job is past its deadline; return those jobs."""
         expired: list[Job] = []
         with self._lock:
-            for job_id, r in list(self._running.items()):
+            for attempt, r in list(self._running.items()):
                 if r.deadline is not None and now >= r.deadline:
                     r.abandoned = True
-                    del self._running[job_id]
+                    del self._running[attempt]
                     expired.append(r.job)
                     self._spawn()
             if expired:

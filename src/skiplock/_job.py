@@ -8,9 +8,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-__all__ = ["Job", "JobStatus"]
+__all__ = ["Attempt", "Job", "JobStatus"]
 
 JobStatus = str  # 'pending' | 'running' | 'done' | 'failed' | 'cancelled'
+Attempt = tuple[int, UUID | None]  # (job id, lease token): one claim of one job
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,11 @@ class Job:
     # Set when a cancel of this job reaches its worker (at a heartbeat); an Event so that
     # the frozen record can still carry it across threads.
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def attempt(self) -> Attempt:
+        """This claim of the job: its id and lease token."""
+        return (self.id, self.lease_token)
 
     @property
     def cancelled(self) -> bool:

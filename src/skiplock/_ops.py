@@ -210,6 +210,12 @@ class FenceResult:
 
     done: dict[int, Row] = field(default_factory=dict)
     lost: list[int] = field(default_factory=list)
+    # By attempt, (id, lease token): what a worker holding two attempts of a job reads.
+    attempts: dict[tuple[int, Any], Row] = field(default_factory=dict)
+
+    def row(self, job: Job) -> Row | None:
+        """The answer for this attempt of the job; None if its lease was lost."""
+        return self.attempts.get((job.id, job.lease_token))
 
 
 # States a job may be found in, still carrying our token, when a write we cannot see the
@@ -246,13 +252,15 @@ def fenced(
     ids = [j.id for j in jobs]
     tokens = [j.lease_token for j in jobs]
     rows = yield Execute(getattr(stmts, action), {"ids": ids, "tokens": tokens, **(params or {})})
-    result.done = {int(r["id"]): r for r in rows}
+    # An attempt is (id, token): a worker may hold a job's old attempt (its lease ran
+    # out, the job was swept) beside a new one it claimed again.
+    reached = {(int(r["id"]), r["lease_token"]): r for r in rows}
     if action == "heartbeat":
         for job in jobs:
-            row = result.done.get(job.id)
+            row = reached.get((job.id, job.lease_token))
             if row is not None and row["cancel_requested"]:
                 job.mark_cancelled()
-    missing = [j for j in jobs if j.id not in result.done]
+    missing = [j for j in jobs if (j.id, j.lease_token) not in reached]
     if missing and recheck and _OUTCOMES[action]:
         rows = yield Execute(
             stmts.fence_outcome,
@@ -260,9 +268,11 @@ def fenced(
         )
         for r in rows:
             if r["current_lease"] and r["status"] in _OUTCOMES[action]:
-                result.done[int(r["id"])] = r
+                reached[(int(r["id"]), r["lease_token"])] = r
             elif not r["current_lease"] and action in ("fail", "release"):
                 # Our hand-back committed and the job has moved on (re-claimed).
-                result.done[int(r["id"])] = r
-    result.lost = [j.id for j in jobs if j.id not in result.done]
+                reached[(int(r["id"]), r["lease_token"])] = r
+    result.attempts = reached
+    result.done = {job_id: r for (job_id, _), r in reached.items()}
+    result.lost = [j.id for j in jobs if (j.id, j.lease_token) not in reached]
     return result

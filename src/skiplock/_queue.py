@@ -105,6 +105,7 @@ class Queue(QueueBase):
         retry_policy: RetryPolicy | None = None,
         connect_timeout: float = 10.0,
         check_connections: bool = True,
+        pooler: bool = False,
         open: bool = True,
     ) -> None:
         self._configure(
@@ -117,6 +118,7 @@ class Queue(QueueBase):
             retry_policy=retry_policy,
             connect_timeout=connect_timeout,
             check_connections=check_connections,
+            pooler=pooler,
         )
         self._pool: ConnectionPool | None = None
         if open:
@@ -514,7 +516,9 @@ class Queue(QueueBase):
             raise unavailable(exc, s, "wait") from None
         with conn:
             try:
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(s.schema))))
+                if not s.pooler:
+                    channel = sql.Identifier(channel_name(s.schema))
+                    conn.execute(sql.SQL("LISTEN {}").format(channel))
                 row = run_op(conn, self._watch_op(job_id, True)(False))
                 while True:
                     finished, result = _control.settle(row)
@@ -523,8 +527,11 @@ class Queue(QueueBase):
                     left = poll_interval if deadline is None else deadline - monotonic()
                     if left <= 0:
                         raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
-                    for _note in conn.notifies(timeout=min(left, poll_interval), stop_after=1):
-                        pass
+                    if s.pooler:
+                        time.sleep(min(left, poll_interval))
+                    else:
+                        for _note in conn.notifies(timeout=min(left, poll_interval), stop_after=1):
+                            pass
                     row = run_op(conn, self._watch_op(job_id, False)(False))
             except psycopg.Error as exc:
                 mapped = translate_error(exc, s, "wait")

@@ -30,7 +30,7 @@ from psycopg import sql
 from ._base import backoff
 from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
-from ._job import Job
+from ._job import Attempt, Job
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
@@ -83,6 +83,12 @@ class Worker(WorkerBase):
         ``claimed``, ``started``, ``completed`` (the fenced write committed),
         ``retried``, ``failed``, ``released``, ``timed_out``, ``lease_lost``.
         It runs on the worker's own threads: keep it quick; exceptions are logged.
+    on_measure
+        ``f(name, value, queue)`` for figures that belong to no single job, same
+        rules as ``on_event``: ``claim_seconds`` (one claim's round trip, per queue),
+        ``swept`` (jobs a sweep returned; queue None), ``heartbeat_missed`` (jobs of
+        a queue whose heartbeat failed or found the lease gone).
+        ``skiplock.metrics.WorkerMetrics`` turns both hooks into metrics.
     synchronous_commit
         Off by default on the worker's own connections (claims, heartbeats, fenced
         writes; enqueues elsewhere stay synchronous).  A commit then returns before
@@ -118,6 +124,7 @@ class Worker(WorkerBase):
         prefetch: int | None = None,
         shutdown_grace: float = 30.0,
         on_event: Callable[[str, Job], None] | None = None,
+        on_measure: Callable[[str, float, str | None], None] | None = None,
         retention: float | None = None,
         prune_interval: float = 60.0,
         synchronous_commit: bool = False,
@@ -137,6 +144,7 @@ class Worker(WorkerBase):
             listen=listen,
             shutdown_grace=shutdown_grace,
             on_event=on_event,
+            on_measure=on_measure,
             retention=retention,
             prune_interval=prune_interval,
             synchronous_commit=synchronous_commit,
@@ -158,7 +166,9 @@ class Worker(WorkerBase):
         # Outcomes for the writer; None stops it, _BEAT asks for a heartbeat now (a
         # cancel of a job we hold was announced).
         self._results: SimpleQueue[tuple[Job, Outcome] | object | None] = SimpleQueue()
-        self._inflight: dict[int, Job] = {}  # claimed and not yet written back
+        # Claimed and not yet written back, by attempt: after a lease ran out this worker
+        # may claim the same job again while its old attempt is still running.
+        self._inflight: dict[Attempt, Job] = {}
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
         self._threads: list[threading.Thread] = []
@@ -301,7 +311,9 @@ class Worker(WorkerBase):
             name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
             jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
-            self._claim_rtt += 0.1 * (time.monotonic() - began - self._claim_rtt)
+            rtt = time.monotonic() - began
+            self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
+            self._measure("claim_seconds", rtt, name)
             if not jobs:
                 continue
             more = more or len(jobs) == free
@@ -309,7 +321,7 @@ class Worker(WorkerBase):
             self.stats.add(claimed=len(jobs))
             with self._inflight_lock:
                 for job in jobs:
-                    self._inflight[job.id] = job
+                    self._inflight[job.attempt] = job
             for job in jobs:
                 self._emit("claimed", job)
                 self._pool.submit(job)
@@ -438,7 +450,7 @@ class Worker(WorkerBase):
     def _forget(self, jobs: Sequence[Job]) -> None:
         with self._inflight_lock:
             for job in jobs:
-                self._inflight.pop(job.id, None)
+                self._inflight.pop(job.attempt, None)
             held = len(self._inflight)
         # Wake the claim loop only when a refill batch fits and work is known to wait;
         # new work otherwise arrives by NOTIFY or the poll.
@@ -455,12 +467,13 @@ class Worker(WorkerBase):
         except Exception as exc:
             self.stats.add(db_errors=1)
             logger.warning("worker %s: heartbeat failed (%s)", self.name, one_line(exc))
+            self._missed(jobs)
             return
         lost = self.beaten(jobs, res)
         if lost:
             with self._inflight_lock:
-                for job_id in lost:
-                    self._inflight.pop(job_id, None)
+                for job in lost:
+                    self._inflight.pop(job.attempt, None)
 
     # -- listener ------------------------------------------------------------------------
 
@@ -490,7 +503,7 @@ class Worker(WorkerBase):
 
     def _holds(self, job_id: int | None) -> bool:
         with self._inflight_lock:
-            return job_id in self._inflight
+            return any(job_id == held_id for held_id, _ in self._inflight)
 
     # -- shutdown ------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ __all__ = ["WorkerBase", "WorkerStats", "default_worker_name", "one_line"]
 logger = logging.getLogger("skiplock.worker")
 
 Event = Callable[[str, Job], None]
+Measure = Callable[[str, float, str | None], None]
 
 
 @dataclass
@@ -86,6 +87,7 @@ class WorkerBase:
         listen: bool,
         shutdown_grace: float,
         on_event: Event | None,
+        on_measure: Measure | None,
         retention: float | None,
         prune_interval: float,
         synchronous_commit: bool,
@@ -112,6 +114,7 @@ class WorkerBase:
             raise ConfigError("heartbeat interval must be shorter than the lease")
         if job_timeout is not None and not job_timeout > 0:
             raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
+        self.periodic = check_periodic(periodic)
         self.queues = names
         self.concurrency = concurrency
         self.lease = float(lease)
@@ -119,13 +122,13 @@ class WorkerBase:
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.job_timeout = job_timeout
-        self.listen = listen
+        self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
         self._on_event = on_event
+        self._on_measure = on_measure
         self.retention = retention
         self.prune_interval = prune_interval
-        self.periodic = check_periodic(periodic)
         self._settings: QueueSettings = replace(
             queue.settings,
             application_name=f"skiplock-worker:{self.name}",
@@ -142,6 +145,22 @@ class WorkerBase:
             self._on_event(event, job)
         except Exception:
             logger.exception("on_event hook failed for %s of job %s", event, job.id)
+
+    def _measure(self, name: str, value: float, queue: str | None) -> None:
+        if self._on_measure is None:
+            return
+        try:
+            self._on_measure(name, value, queue)
+        except Exception:
+            logger.exception("on_measure hook failed for %s", name)
+
+    def _missed(self, jobs: Sequence[Job]) -> None:
+        """Heartbeats that did not keep a lease (failed, or found it gone), per queue."""
+        per_queue: dict[str, int] = {}
+        for job in jobs:
+            per_queue[job.queue] = per_queue.get(job.queue, 0) + 1
+        for queue_name, n in per_queue.items():
+            self._measure("heartbeat_missed", n, queue_name)
 
     # -- what the writes meant -------------------------------------------------------------
 
@@ -161,7 +180,7 @@ class WorkerBase:
         """Count and report a completion statement's answer."""
         cancelled = 0
         for job, _ in items:
-            row = res.done.get(job.id)
+            row = res.row(job)
             if row is None:
                 self._emit("lease_lost", job)
             elif row["status"] == "cancelled":
@@ -169,7 +188,7 @@ class WorkerBase:
                 self._emit("cancelled", job)
             else:
                 self._emit("completed", job)
-        self.stats.add(completed=len(res.done) - cancelled, cancelled=cancelled)
+        self.stats.add(completed=len(res.attempts) - cancelled, cancelled=cancelled)
         self._lost(res.lost, "the write changed nothing")
 
     def handed_back(
@@ -178,7 +197,7 @@ class WorkerBase:
         """Count and report a fail/retry statement's answer."""
         by_status = {"pending": 0, "failed": 0, "cancelled": 0}
         for job, *_ in items:
-            row = res.done.get(job.id)
+            row = res.row(job)
             if row is None:
                 self._emit("lease_lost", job)
                 continue
@@ -194,24 +213,25 @@ class WorkerBase:
         self._lost(res.lost, "the write changed nothing")
 
     def released(self, jobs: Sequence[Job], res: FenceResult) -> None:
-        self.stats.add(released=len(res.done))
+        self.stats.add(released=len(res.attempts))
         for job in jobs:
-            self._emit("released" if job.id in res.done else "lease_lost", job)
+            self._emit("released" if res.row(job) is not None else "lease_lost", job)
         self._lost(res.lost, "the release changed nothing")
 
-    def beaten(self, jobs: Sequence[Job], res: FenceResult) -> set[int]:
-        """Count a heartbeat's answer; returns the ids no longer ours."""
-        self.stats.add(heartbeats=len(res.done))
-        lost = set(res.lost)
-        for job in jobs:
-            if job.id in lost:
-                self._emit("lease_lost", job)
-        self._lost(res.lost, "heartbeat found them swept or re-claimed")
+    def beaten(self, jobs: Sequence[Job], res: FenceResult) -> list[Job]:
+        """Count a heartbeat's answer; returns the attempts no longer ours."""
+        self.stats.add(heartbeats=len(res.attempts))
+        lost = [job for job in jobs if res.row(job) is None]
+        self._missed(lost)
+        for job in lost:
+            self._emit("lease_lost", job)
+        self._lost(res.lost, "heartbeat found them swept, re-claimed or cancelled")
         return lost
 
     def swept(self, n: int) -> None:
         if n:
             self.stats.add(sweeps_recovered=n)
+            self._measure("swept", n, None)
             logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
 
     def _lost(self, ids: Sequence[int], what: str) -> None:

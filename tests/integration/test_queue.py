@@ -443,3 +443,20 @@ def test_retried_handback_after_a_lost_reply_is_not_a_lost_lease(queue: Queue) -
     # A worker that never handed the job back still gets LeaseLost.
     with pytest.raises(LeaseLost):
         queue.complete(mine)
+
+
+def test_two_attempts_of_one_job_are_told_apart(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """A worker whose lease ran out may claim the same job again while its old attempt
+    still runs: every fenced write answers per attempt (id and token), not per id."""
+    job_id = queue.enqueue({})
+    [old] = queue.claim(worker="w1")
+    expire(admin, queue.schema, job_id)
+    assert queue.sweep() == 1
+    [new] = queue.claim(worker="w1")
+    assert (old.id, old.attempt != new.attempt) == (new.id, True)
+    beat = queue.heartbeat_many([old, new])
+    assert beat.row(new) is not None and beat.row(old) is None and beat.lost == [job_id]
+    done = queue.complete_many([old, new])
+    assert done.row(new) is not None and done.row(old) is None and done.lost == [job_id]

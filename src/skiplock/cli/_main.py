@@ -312,6 +312,27 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
 )
 @click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction mode).")
 @click.option(
+    "--pooler",
+    is_flag=True,
+    help="The DSN is a transaction pooler (PgBouncer): poll, no prepared statements.",
+)
+@click.option(
+    "--metrics-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port (0: any free port; needs skiplock[metrics]).",
+)
+@click.option(
+    "--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+@click.option(
+    "--metrics-interval",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01),
+    help="Seconds between the status queries behind the per-queue gauges.",
+)
+@click.option(
     "--grace",
     "shutdown_grace",
     default=30.0,
@@ -373,6 +394,10 @@ def worker(
     poll_interval: float,
     sweep_interval: float,
     no_listen: bool,
+    pooler: bool,
+    metrics_port: int | None,
+    metrics_addr: str,
+    metrics_interval: float,
     shutdown_grace: float,
     retention: float | None,
     do_migrate: bool,
@@ -408,10 +433,20 @@ def worker(
     periodic = _periodic_specs(
         periodic_specs, periodic_queue or queues[0], timezone, catch_up, periodic_grace
     )
-    q = _queue(dsn, schema, min_size=1, max_size=1)
+    q = _queue(dsn, schema, min_size=1, max_size=1, pooler=pooler)
+    metrics = None
     try:
         if do_migrate:
             q.migrate()
+        if metrics_port is not None:
+            from ..metrics import WorkerMetrics
+
+            metrics = WorkerMetrics(q, status_interval=metrics_interval)
+            port = metrics.serve(metrics_port, metrics_addr)
+            metrics.start()
+            logging.getLogger("skiplock.worker").info(
+                "metrics at http://%s:%d/metrics", metrics_addr, port
+            )
         w = Worker(
             q,
             handler,
@@ -428,6 +463,8 @@ def worker(
             shutdown_grace=shutdown_grace,
             retention=retention,
             periodic=periodic,
+            on_event=None if metrics is None else metrics.on_event,
+            on_measure=None if metrics is None else metrics.on_measure,
         )
         signals = {"n": 0}
 
@@ -448,6 +485,8 @@ def worker(
         signal.signal(signal.SIGINT, on_signal)
         w.run()
     finally:
+        if metrics is not None:
+            metrics.close()
         q.close()
 
 

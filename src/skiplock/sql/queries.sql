@@ -142,9 +142,9 @@ WITH finished AS (
     WHERE j.id = f.id
       AND j.lease_token = f.token
       AND j.status = 'running'
-    RETURNING j.id, j.status, j.notify_finish
+    RETURNING j.id, j.lease_token, j.status, j.notify_finish
 )
-SELECT id, status,
+SELECT id, lease_token, status,
        CASE WHEN notify_finish THEN pg_notify({channel}, 'finished:' || id) END AS notified
 FROM finished;
 
@@ -171,9 +171,9 @@ WITH handed AS (
     WHERE j.id = f.id
       AND j.lease_token = f.token
       AND j.status = 'running'
-    RETURNING j.id, j.status, j.notify_finish
+    RETURNING j.id, j.lease_token, j.status, j.notify_finish
 )
-SELECT id, status,
+SELECT id, lease_token, status,
        CASE WHEN notify_finish AND status <> 'pending'
             THEN pg_notify({channel}, 'finished:' || id) END AS notified
 FROM handed;
@@ -187,7 +187,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
-RETURNING j.id, j.locked_until, j.cancel_requested;
+RETURNING j.id, j.lease_token, j.locked_until, j.cancel_requested;
 
 -- name: release
 -- Fenced hand-back of a claimed job that never started: pending again at once (or
@@ -204,14 +204,14 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
-RETURNING j.id;
+RETURNING j.id, j.lease_token;
 
 -- name: fence_outcome
 -- After a dropped connection the caller cannot know whether its fenced write committed.
 -- Tokens are kept on the row after the write, so "my token, in the state I asked for"
 -- proves it did, and a retried write that matches nothing is not a lost lease.  A
 -- hand-back also leaves its token in handback_token, which a re-claim does not touch.
-SELECT j.id, j.status, (j.lease_token = f.token) AS current_lease
+SELECT j.id, f.token AS lease_token, j.status, (j.lease_token = f.token) AS current_lease
 FROM {schema}.jobs AS j
 JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
   ON j.id = f.id AND (j.lease_token = f.token OR j.handback_token = f.token);
