@@ -1,6 +1,7 @@
 """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
 
 from ._aqueue import AsyncQueue
+from ._aworker import AsyncWorker
 from ._config import RetryPolicy
 from ._control import QueueConfig
 from ._errors import (
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncQueue",
+    "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
     "Fail",

@@ -8,6 +8,7 @@ import skiplock
 
 PUBLIC = {
     "AsyncQueue",
+    "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
     "Fail",

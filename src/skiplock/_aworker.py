@@ -1,0 +1,483 @@
+"""AsyncWorker: ``async def`` handlers on one event loop, with Worker's guarantees.
+
+Tasks and their one job each:
+
+- ``run`` claims up to free capacity, starts a task per job, sweeps and prunes;
+- the writer batches outcomes into fenced writes and heartbeats every held job, in one
+  statement each (the same statements and accounting as ``Worker``: ``_workerbase``);
+- the listener LISTENs for enqueues (wakes the claim) and for cancels of held jobs
+  (beats at once, so a cancelled handler's task is cancelled within a round trip);
+- one task per handler.  A handler past ``job_timeout`` is cancelled and its attempt
+  failed at once; if it swallows the cancellation it is abandoned, not awaited, so a
+  stuck coroutine cannot hold the worker (one that blocks the loop itself can: keep
+  blocking calls in ``asyncio.to_thread``).
+
+Nothing holds a transaction while a handler runs; the lease token guards every write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ._aqueue import AsyncQueue
+from ._base import QueueBase, backoff
+from ._errors import ConfigError, SkiplockError
+from ._handlers import Handler, Outcome, failed_outcome, ok_outcome
+from ._job import Attempt, Job
+from ._periodic import Periodic, PeriodicScheduler
+from ._queue import Queue
+from ._sql import channel_name
+from ._workerbase import WorkerBase, WorkerStats, one_line
+
+__all__ = ["AsyncWorker"]
+
+logger = logging.getLogger("skiplock.worker")
+
+_DB_ERRORS = (psycopg.Error, SkiplockError)
+
+
+class AsyncWorker(WorkerBase):
+    """Runs ``async def`` handlers for jobs of one or more queues, on one event loop.
+
+    The arguments and their meaning are ``Worker``'s (see there), except that
+    handlers must be coroutine functions and there is no prefetch: the worker claims
+    up to ``concurrency`` jobs, since starting a task costs nothing.  Run it with
+    ``await worker.run()``; ``worker.stop()`` (from the loop, a signal handler or
+    another thread) ends it gracefully.
+    """
+
+    def __init__(
+        self,
+        queue: QueueBase,
+        handler: Handler | Mapping[str, Handler],
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 16,
+        lease: float = 30.0,
+        heartbeat_interval: float | None = None,
+        name: str | None = None,
+        poll_interval: float = 1.0,
+        sweep_interval: float = 2.0,
+        job_timeout: float | None = None,
+        listen: bool = True,
+        shutdown_grace: float = 30.0,
+        on_event: Callable[[str, Job], None] | None = None,
+        on_measure: Callable[[str, float, str | None], None] | None = None,
+        retention: float | None = None,
+        prune_interval: float = 60.0,
+        synchronous_commit: bool = False,
+        periodic: Sequence[Periodic] = (),
+    ) -> None:
+        super().__init__(
+            queue,
+            handler,
+            queues=queues,
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            name=name,
+            poll_interval=poll_interval,
+            sweep_interval=sweep_interval,
+            job_timeout=job_timeout,
+            listen=listen,
+            shutdown_grace=shutdown_grace,
+            on_event=on_event,
+            on_measure=on_measure,
+            retention=retention,
+            prune_interval=prune_interval,
+            synchronous_commit=synchronous_commit,
+            periodic=periodic,
+        )
+        for queue_name, fn in self._handlers.items():
+            if not inspect.iscoroutinefunction(fn):
+                raise ConfigError(
+                    f"AsyncWorker needs async def handlers; the one for {queue_name!r} is "
+                    "not (use Worker for plain functions)"
+                )
+        self._q: AsyncQueue | None = None
+        self._held: dict[Attempt, Job] = {}
+        self._tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._outcomes: asyncio.Queue[tuple[Job, Outcome] | None] | None = None
+        self._beat_now: asyncio.Event | None = None
+        self._stop_requested = False
+        self._hard = False
+        self._rotation = 0
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop claiming; with ``graceful``, running handlers get ``shutdown_grace``.
+
+        Safe from any thread or a signal handler.
+        """
+        self._stop_requested = True
+        self._hard = self._hard or not graceful
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._signal_stop)
+
+    def _signal_stop(self) -> None:
+        assert self._stopping is not None and self._wake is not None
+        self._stopping.set()
+        self._wake.set()
+
+    def inflight(self) -> list[Job]:
+        return list(self._held.values())
+
+    # -- run -------------------------------------------------------------------------------
+
+    async def run(self) -> WorkerStats:
+        """Run until ``stop()``; returns the final counters."""
+        if self._loop is not None:
+            raise RuntimeError("worker already running")
+        self._loop = asyncio.get_running_loop()
+        self._stopping, self._wake, self._beat_now = (
+            asyncio.Event(),
+            asyncio.Event(),
+            asyncio.Event(),
+        )
+        self._outcomes = asyncio.Queue()
+        if self._stop_requested:
+            self._stopping.set()
+        self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=3)
+        await self._q.open()
+        helpers = [asyncio.create_task(self._writer(), name=f"skiplock-{self.name}-writer")]
+        if self.listen:
+            helpers.append(
+                asyncio.create_task(self._listener(), name=f"skiplock-{self.name}-listen")
+            )
+        periodic_stop = threading.Event()
+        if self.periodic:
+            helpers.append(asyncio.create_task(self._periodic(periodic_stop)))
+        logger.info(
+            "async worker %s: queues %s, concurrency %d, lease %gs",
+            self.name,
+            ",".join(self.queues),
+            self.concurrency,
+            self.lease,
+        )
+        try:
+            await self._claim_loop()
+        finally:
+            periodic_stop.set()
+            await self._shutdown(helpers)
+        return self.stats
+
+    async def _periodic(self, stop: threading.Event) -> None:
+        # Periodic rounds are rare (at most one per tick): the sync scheduler, with its
+        # own small pool, in a thread keeps one copy of that logic.
+        q = Queue.from_settings(self._settings, min_size=1, max_size=1)
+        try:
+            scheduler = PeriodicScheduler(q, self.periodic, stop=stop, name=f"worker {self.name}")
+            await asyncio.to_thread(scheduler.run)
+        finally:
+            q.close()
+
+    async def _claim_loop(self) -> None:
+        assert self._stopping is not None and self._wake is not None
+        now = time.monotonic()
+        next_sweep = now + random.uniform(0, self.sweep_interval)
+        next_prune = now + random.uniform(0, self.prune_interval)
+        failures = 0
+        while not self._stopping.is_set():
+            now = time.monotonic()
+            if now >= next_sweep:
+                await self._sweep()
+                next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
+            if self.retention is not None and now >= next_prune:
+                await self._prune()
+                next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
+            more = False
+            free = self.concurrency - len(self._held)
+            if free > 0:
+                try:
+                    more = await self._claim_some(free)
+                    failures = 0
+                except _DB_ERRORS as exc:
+                    failures += 1
+                    self.stats.add(db_errors=1)
+                    if failures == 1 or failures % 20 == 0:
+                        logger.warning(
+                            "worker %s: claim failed (%s); retrying", self.name, one_line(exc)
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self._stopping.wait(), backoff(failures, base=0.05, cap=5.0)
+                        )
+                    continue
+            if more and self.concurrency - len(self._held) > 0:
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+            self._wake.clear()
+
+    async def _claim_some(self, free: int) -> bool:
+        assert self._q is not None and self._stopping is not None
+        n = len(self.queues)
+        more = False
+        for i in range(n):
+            if free <= 0 or self._stopping.is_set():
+                break
+            name = self.queues[(self._rotation + i) % n]
+            began = time.monotonic()
+            jobs = await self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            self._measure("claim_seconds", time.monotonic() - began, name)
+            if not jobs:
+                continue
+            more = more or len(jobs) == free
+            free -= len(jobs)
+            self.stats.add(claimed=len(jobs))
+            for job in jobs:
+                self._held[job.attempt] = job
+                self._emit("claimed", job)
+                self._tasks[job.attempt] = asyncio.create_task(
+                    self._run_one(job), name=f"skiplock-job-{job.id}"
+                )
+        self._rotation = (self._rotation + 1) % n
+        return more
+
+    async def _run_one(self, job: Job) -> None:
+        assert self._outcomes is not None
+        self._emit("started", job)
+        handler = self._handlers[job.queue]
+        task = asyncio.ensure_future(handler(job))
+        watcher = asyncio.ensure_future(self._watch_cancel(task, job))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.job_timeout)
+        except asyncio.CancelledError:
+            task.cancel()  # the worker is stopping past its grace
+            raise
+        finally:
+            watcher.cancel()
+        if not done:
+            # Past its timeout: cancel it and report now.  A handler that ignores the
+            # cancellation is abandoned, like a hung thread in Worker.
+            task.cancel()
+            task.add_done_callback(_log_abandoned)
+            self.stats.add(timed_out=1)
+            self._emit("timed_out", job)
+            outcome = Outcome("retry", f"timed out after {self.job_timeout:g}s")
+        elif task.cancelled():
+            outcome = failed_outcome(asyncio.CancelledError(), job, self.job_timeout)
+        elif (exc := task.exception()) is not None:
+            outcome = failed_outcome(exc, job, self.job_timeout)
+        else:
+            outcome = ok_outcome(job, task.result(), self._settings.max_result_bytes)
+        self._tasks.pop(job.attempt, None)
+        await self._outcomes.put((job, outcome))
+
+    @staticmethod
+    async def _watch_cancel(task: asyncio.Future[Any], job: Job) -> None:
+        # The heartbeat marks the job; its handler's task is cancelled here.
+        while not task.done():
+            if job.cancelled:
+                task.cancel()
+                return
+            await asyncio.sleep(0.02)
+
+    async def _sweep(self) -> None:
+        assert self._q is not None and self._wake is not None
+        try:
+            n = await self._q.sweep()
+        except _DB_ERRORS as exc:
+            self.stats.add(db_errors=1)
+            logger.debug("sweep failed: %s", one_line(exc))
+            return
+        self.swept(n)
+        if n:
+            self._wake.set()
+
+    async def _prune(self) -> None:
+        assert self._q is not None and self.retention is not None
+        try:
+            await self._q.prune(older_than=self.retention, limit=500, max_batches=4)
+        except _DB_ERRORS as exc:
+            self.stats.add(db_errors=1)
+            logger.debug("prune failed: %s", one_line(exc))
+
+    # -- writer: fenced writes and heartbeats --------------------------------------------
+
+    async def _writer(self) -> None:
+        assert self._outcomes is not None and self._beat_now is not None
+        pending: list[tuple[Job, Outcome]] = []
+        next_beat = time.monotonic() + self.heartbeat_interval
+        failures = 0
+        stop = False
+        while True:
+            timeout = max(0.0, next_beat - time.monotonic())
+            if pending:
+                timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
+            if not stop:
+                getter = asyncio.ensure_future(self._outcomes.get())
+                beat = asyncio.ensure_future(self._beat_now.wait())
+                await asyncio.wait(
+                    {getter, beat}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                beat.cancel()
+                if getter.done():
+                    item = getter.result()
+                    while True:
+                        if item is None:
+                            stop = True
+                            break
+                        pending.append(item)
+                        try:
+                            item = self._outcomes.get_nowait()
+                        except asyncio.QueueEmpty:
+                            break
+                else:
+                    getter.cancel()
+                if self._beat_now.is_set():
+                    self._beat_now.clear()
+                    next_beat = time.monotonic()
+            if stop and not pending:
+                return
+            if pending:
+                try:
+                    await self._write(pending, recheck=failures > 0)
+                    pending = []
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    self.stats.add(db_errors=1)
+                    if failures == 1 or failures % 20 == 0:
+                        logger.warning(
+                            "worker %s: writing %d result(s) failed (%s); will retry",
+                            self.name,
+                            len(pending),
+                            one_line(exc),
+                        )
+                    if stop:
+                        if self._hard:
+                            logger.warning(
+                                "worker %s: %d result(s) unwritten at exit",
+                                self.name,
+                                len(pending),
+                            )
+                            return
+                        await asyncio.sleep(backoff(failures, base=0.05, cap=2.0))
+            if time.monotonic() >= next_beat:
+                await self._heartbeat()
+                next_beat = time.monotonic() + self.heartbeat_interval
+
+    async def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
+        assert self._q is not None
+        done, failed = self.split(batch)
+        if done:
+            res = await self._q.complete_many(done, _recheck=recheck)
+            self.completed(done, res)
+            self._forget([job for job, _ in done])
+            batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
+        if failed:
+            res = await self._q.fail_many(failed, _recheck=recheck)
+            self.handed_back(failed, res)
+            self._forget([j for j, *_ in failed])
+
+    def _forget(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            self._held.pop(job.attempt, None)
+        if self._wake is not None:
+            self._wake.set()  # a slot is free
+
+    async def _heartbeat(self) -> None:
+        assert self._q is not None
+        jobs = self.inflight()
+        if not jobs:
+            return
+        try:
+            res = await self._q.heartbeat_many(jobs, lease=self.lease)
+        except Exception as exc:
+            self.stats.add(db_errors=1)
+            self._missed(jobs)
+            logger.warning("worker %s: heartbeat failed (%s)", self.name, one_line(exc))
+            return
+        for job in self.beaten(jobs, res):
+            self._held.pop(job.attempt, None)
+
+    # -- listener ------------------------------------------------------------------------
+
+    async def _listener(self) -> None:
+        assert self._stopping is not None and self._wake is not None
+        assert self._beat_now is not None
+        wanted = set(self.queues)
+        channel = sql.Identifier(channel_name(self._settings.schema))
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._settings.dsn, **self._settings.connect_kwargs()
+                )
+                async with conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(channel))
+                    failures = 0
+                    self._wake.set()  # whatever was enqueued while we were away
+                    if self._held:
+                        self._beat_now.set()  # and any cancel announced meanwhile
+                    while not self._stopping.is_set():
+                        async for note in conn.notifies(timeout=0.5):
+                            if note.payload in wanted:
+                                self._wake.set()
+                            else:
+                                target = self.cancel_target(note.payload)
+                                if any(target == job_id for job_id, _ in self._held):
+                                    self._beat_now.set()
+            except psycopg.Error as exc:
+                failures += 1
+                if failures == 1:
+                    logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._stopping.wait(), backoff(failures, base=0.1, cap=5.0)
+                    )
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def _shutdown(self, helpers: list[asyncio.Task[None]]) -> None:
+        assert self._q is not None and self._outcomes is not None
+        grace = 0.0 if self._hard else self.shutdown_grace
+        running = list(self._tasks.values())
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace) if grace > 0 else (set(), running)
+            if late:
+                logger.warning(
+                    "worker %s: %d handler(s) still running after %gs; cancelled, their "
+                    "leases will expire",
+                    self.name,
+                    len(late),
+                    grace,
+                )
+                for task in late:
+                    task.cancel()
+                # Their outcomes are not written: the jobs run again after the lease.
+                self._forget([j for a, j in list(self._held.items()) if a in self._tasks])
+        await self._outcomes.put(None)
+        writer = helpers[0]
+        try:
+            await asyncio.wait_for(writer, timeout=max(grace, 1.0) + 5.0)
+        except TimeoutError:
+            logger.warning("worker %s: writer did not finish; leases will expire", self.name)
+        for task in helpers[1:]:
+            task.cancel()
+        await asyncio.gather(*helpers[1:], return_exceptions=True)
+        await self._q.close()
+        self._loop = None
+        logger.info("async worker %s stopped: %s", self.name, self.stats.snapshot())
+
+
+def _log_abandoned(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        logger.warning("an abandoned handler returned after its timeout; result dropped")
