@@ -295,7 +295,9 @@ def ids_of(cur: psycopg.Cursor[Any], column: str | None = None) -> list[int]:
         col = names.index(column)
     else:
         col = names.index("id") if "id" in names else 0
-    return [int(row[col]) for row in cur.fetchall()]
+    # A NULL id claimed nothing: skiplock's own claim answers with one such row when it
+    # takes no job, to carry the queue's settings (pause, limits) back to the caller.
+    return [int(row[col]) for row in cur.fetchall() if row[col] is not None]
 
 
 def run_steps(
