@@ -29,6 +29,7 @@ class _Main(click.Group):
     TOOLS = {
         "audit": "skiplock.audit._cli",
         "chaos": "skiplock.chaos._cli",
+        "dashboard": "skiplock.dashboard._cli",
         "demo": "skiplock.demo._cli",
         "race": "skiplock.lab._cli",
     }
