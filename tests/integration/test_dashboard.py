@@ -294,3 +294,15 @@ def test_security_headers(client: TestClient) -> None:
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
     assert client.get("/static/dashboard.js").status_code == 200
+
+
+def test_the_command_refuses_a_malformed_auth_with_exit_2() -> None:
+    from click.testing import CliRunner
+
+    from skiplock.cli import main
+
+    result = CliRunner().invoke(main, ["dashboard", "--auth", "nocolon"])
+    assert result.exit_code == 2
+    assert "--auth expects user:password" in result.output
+    listed = CliRunner().invoke(main, ["--help"])
+    assert "dashboard" in listed.output
