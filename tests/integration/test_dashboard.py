@@ -240,13 +240,18 @@ def test_posts_without_a_valid_csrf_token_are_refused(queue: Queue, client: Test
     # A token with another browser's cookie (or none) is no good either.
     with TestClient(create_app(queue)) as stranger:
         assert stranger.post(f"/jobs/{job.id}/requeue", data={"csrf_token": t}).status_code == 403
-    # Nor from another origin, token or not.
+    # Nor from another origin (or a sandboxed frame's "null"), token or not.
+    for origin in ("http://evil.example", "null"):
+        r = client.post(
+            f"/jobs/{job.id}/requeue", data={"csrf_token": t}, headers={"origin": origin}
+        )
+        assert r.status_code == 403, origin
+    # The page's own origin is fine.
     r = client.post(
-        f"/jobs/{job.id}/requeue",
-        data={"csrf_token": t},
-        headers={"origin": "http://evil.example"},
+        f"/jobs/{job.id}/delete", data={"csrf_token": t}, headers={"origin": "http://testserver"}
     )
-    assert r.status_code == 403
+    assert r.status_code == 200 and queue.get(job.id) is None
+    job = failed_job(queue)
     assert client.post("/queues/emails/pause", data={}).status_code == 403
     still = queue.get(job.id)
     assert still is not None and still.status == "failed"

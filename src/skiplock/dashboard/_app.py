@@ -179,10 +179,8 @@ class _Dashboard:
     async def _checked_form(self, request: Request) -> dict[str, str] | None:
         """The POSTed form if it carries a valid CSRF token from this origin, else None."""
         origin = request.headers.get("origin")
-        if origin and origin != "null":
-            host = request.headers.get("host", "")
-            if urlsplit(origin).netloc != host:
-                return None
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+            return None  # another site, or "null" (a sandboxed frame): never our own form
         body = (await request.body()).decode("utf-8", "replace")
         form = {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
         if not self.signer.csrf_ok(request.cookies.get(CSRF_COOKIE), form.get("csrf_token")):
