@@ -1,4 +1,4 @@
-"""The tools (lab, chaos, demo, audit) use the core's public surface, never its private modules.
+"""The tools (lab, chaos, demo, audit, dashboard) use the public core, never its private modules.
 
 The core is ``skiplock/_*.py``; the tools may import ``skiplock``, ``skiplock.connect``,
 ``skiplock.sqlfiles``, ``skiplock.cli.common`` and their own package's modules.  A private
@@ -15,7 +15,7 @@ import pytest
 import skiplock
 
 PACKAGE = Path(skiplock.__file__).parent
-TOOLS = ("lab", "chaos", "demo", "audit")
+TOOLS = ("lab", "chaos", "demo", "audit", "dashboard")
 
 
 def _is_private(dotted: str) -> bool:

@@ -34,6 +34,7 @@ class _Main(click.Group):
         "resume": "skiplock.cli._control",
         "audit": "skiplock.audit._cli",
         "chaos": "skiplock.chaos._cli",
+        "dashboard": "skiplock.dashboard._cli",
         "demo": "skiplock.demo._cli",
         "race": "skiplock.lab._cli",
     }
