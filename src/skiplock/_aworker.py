@@ -115,7 +115,6 @@ class AsyncWorker(WorkerBase):
         self._beat_now: asyncio.Event | None = None
         self._stop_requested = False
         self._hard = False
-        self._rotation = 0
 
     # -- control -------------------------------------------------------------------------
 
@@ -227,27 +226,20 @@ class AsyncWorker(WorkerBase):
 
     async def _claim_some(self, free: int) -> bool:
         assert self._q is not None and self._stopping is not None
-        n = len(self.queues)
         more = False
-        for i in range(n):
+        for name in self._queue_order():
             if free <= 0 or self._stopping.is_set():
                 break
-            name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
             jobs = await self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
-            self._measure("claim_seconds", time.monotonic() - began, name)
-            if not jobs:
-                continue
-            more = more or len(jobs) == free
-            free -= len(jobs)
-            self.stats.add(claimed=len(jobs))
             for job in jobs:
                 self._held[job.attempt] = job
-                self._emit("claimed", job)
-                self._tasks[job.attempt] = asyncio.create_task(
-                    self._run_one(job), name=f"skiplock-job-{job.id}"
-                )
-        self._rotation = (self._rotation + 1) % n
+            self._claimed(name, jobs, time.monotonic() - began)
+            for job in jobs:
+                task = asyncio.create_task(self._run_one(job), name=f"skiplock-job-{job.id}")
+                self._tasks[job.attempt] = task
+            more = more or len(jobs) == free
+            free -= len(jobs)
         return more
 
     async def _run_one(self, job: Job) -> None:
@@ -294,8 +286,7 @@ class AsyncWorker(WorkerBase):
         try:
             n = await self._q.sweep()
         except _DB_ERRORS as exc:
-            self.stats.add(db_errors=1)
-            logger.debug("sweep failed: %s", one_line(exc))
+            self._upkeep_failed("sweep", exc)
             return
         self.swept(n)
         if n:
@@ -306,8 +297,7 @@ class AsyncWorker(WorkerBase):
         try:
             await self._q.prune(older_than=self.retention, limit=500, max_batches=4)
         except _DB_ERRORS as exc:
-            self.stats.add(db_errors=1)
-            logger.debug("prune failed: %s", one_line(exc))
+            self._upkeep_failed("prune", exc)
 
     # -- writer: fenced writes and heartbeats --------------------------------------------
 

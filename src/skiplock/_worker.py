@@ -172,7 +172,6 @@ class Worker(WorkerBase):
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
         self._threads: list[threading.Thread] = []
-        self._rotation = 0
         self._running = False
 
     @property
@@ -303,29 +302,22 @@ class Worker(WorkerBase):
     def _claim_some(self, free: int) -> bool:
         """Claim up to ``free`` jobs across the queues; True if a queue may hold more."""
         assert self._q is not None and self._pool is not None
-        n = len(self.queues)
         more = False
-        for i in range(n):
+        for name in self._queue_order():
             if free <= 0 or self._stopping.is_set():
                 break
-            name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
             jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
             rtt = time.monotonic() - began
             self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
-            self._measure("claim_seconds", rtt, name)
-            if not jobs:
-                continue
-            more = more or len(jobs) == free
-            free -= len(jobs)
-            self.stats.add(claimed=len(jobs))
             with self._inflight_lock:
                 for job in jobs:
                     self._inflight[job.attempt] = job
+            self._claimed(name, jobs, rtt)
             for job in jobs:
-                self._emit("claimed", job)
                 self._pool.submit(job)
-        self._rotation = (self._rotation + 1) % n
+            more = more or len(jobs) == free
+            free -= len(jobs)
         return more
 
     def _sweep(self) -> None:
@@ -333,8 +325,7 @@ class Worker(WorkerBase):
         try:
             n = self._q.sweep()
         except _DB_ERRORS as exc:
-            self.stats.add(db_errors=1)
-            logger.debug("sweep failed: %s", one_line(exc))
+            self._upkeep_failed("sweep", exc)
             return
         self.swept(n)
         if n:
@@ -344,13 +335,9 @@ class Worker(WorkerBase):
         assert self._q is not None and self.retention is not None
         try:
             # A few small batches per round: retention keeps up without long deletes.
-            n = self._q.prune(older_than=self.retention, limit=500, max_batches=4)
+            self._q.prune(older_than=self.retention, limit=500, max_batches=4)
         except _DB_ERRORS as exc:
-            self.stats.add(db_errors=1)
-            logger.debug("prune failed: %s", one_line(exc))
-            return
-        if n:
-            logger.debug("worker %s: pruned %d finished job(s)", self.name, n)
+            self._upkeep_failed("prune", exc)
 
     # -- handlers ------------------------------------------------------------------------
 

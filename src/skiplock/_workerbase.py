@@ -115,6 +115,7 @@ class WorkerBase:
         if job_timeout is not None and not job_timeout > 0:
             raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
         self.periodic = check_periodic(periodic)
+        self._rotation = 0
         self.queues = names
         self.concurrency = concurrency
         self.lease = float(lease)
@@ -161,6 +162,28 @@ class WorkerBase:
             per_queue[job.queue] = per_queue.get(job.queue, 0) + 1
         for queue_name, n in per_queue.items():
             self._measure("heartbeat_missed", n, queue_name)
+
+    # -- claims and upkeep, what both loops share --------------------------------------
+
+    def _queue_order(self) -> list[str]:
+        """This round's order of the queues: it rotates, so no queue starves another."""
+        n = len(self.queues)
+        order = [self.queues[(self._rotation + i) % n] for i in range(n)]
+        self._rotation = (self._rotation + 1) % n
+        return order
+
+    def _claimed(self, name: str, jobs: Sequence[Job], rtt: float) -> None:
+        """Count and report one claim statement's answer (before the jobs start)."""
+        self._measure("claim_seconds", rtt, name)
+        if jobs:
+            self.stats.add(claimed=len(jobs))
+            for job in jobs:
+                self._emit("claimed", job)
+
+    def _upkeep_failed(self, what: str, exc: BaseException) -> None:
+        # A sweep or prune that fails is retried at its next turn; any worker may do it.
+        self.stats.add(db_errors=1)
+        logger.debug("worker %s: %s failed: %s", self.name, what, one_line(exc))
 
     # -- what the writes meant -------------------------------------------------------------
 
