@@ -46,11 +46,11 @@ __all__ = [
 
 # Families that fire repeatedly during the fault phase, and those that hold a condition
 # for the whole phase.
-REPEATED = ("kill", "pause", "terminate", "restart", "crash", "proxy")
+REPEATED = ("kill", "pause", "terminate", "restart", "crash", "maxconn", "proxy")
 HELD = ("handlers", "exhaust", "longtx")
 FAULTS = REPEATED + HELD
 # Faults done only to a cluster the run starts itself, never to a server it is given.
-SCRATCH_ONLY = ("restart", "crash", "exhaust")
+SCRATCH_ONLY = ("restart", "crash", "exhaust", "maxconn")
 
 
 def wait_until(
@@ -402,6 +402,33 @@ def crash(ctx: FaultContext) -> bool:
     return True
 
 
+def maxconn(ctx: FaultContext) -> bool:
+    """Take every connection slot of the scratch cluster, cut a third of the workers'
+    connections, and keep the slots full for a while: those workers must wait for a
+    connection (the server says "too many clients"), then carry on."""
+    if ctx.cluster is None:
+        raise RuntimeError("maxconn needs a scratch cluster; the shared server is never filled")
+    hold = ctx.rng.uniform(0.5, 1.0) * ctx.lease
+    hog = ConnectionHog(ctx.dsn, leave=0, app=f"chaos-hog:{ctx.run_id}")
+    t = time.time()
+    try:
+        held = hog.start()
+        rows = ctx.query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+            (f"skiplock-worker:chaos-{ctx.run_id}-%",),
+        )
+        pids = ctx.rng.sample([int(r[0]) for r in rows], max(1, len(rows) // 3)) if rows else []
+        ctx.query("SELECT pg_terminate_backend(p) FROM unnest(%s::int[]) AS p", (pids,))
+        end = time.monotonic() + hold
+        while time.monotonic() < end and not ctx.stop.is_set():
+            held += hog.fill()  # the slots the cut connections freed
+            time.sleep(0.02)
+    finally:
+        hog.stop()
+    ctx.record("maxconn", t=t, held=held, cut=len(pids), hold=round(hold, 3))
+    return True
+
+
 def proxy(ctx: FaultContext) -> bool:
     """Reset, drop or stall the workers' connections through the proxy."""
     if ctx.proxy is None:
@@ -427,6 +454,7 @@ _INJECTORS: dict[str, Callable[[FaultContext], bool]] = {
     "terminate": terminate,
     "restart": restart,
     "crash": crash,
+    "maxconn": maxconn,
     "proxy": proxy,
 }
 
@@ -462,6 +490,18 @@ class ConnectionHog:
             except psycopg.OperationalError:
                 break
         return len(self.conns)
+
+    def fill(self) -> int:
+        """Take slots that came free (``leave=0`` only); returns how many were taken."""
+        n = 0
+        while True:
+            try:
+                self.conns.append(
+                    psycopg.connect(self.dsn, application_name=self.app, connect_timeout=2)
+                )
+            except psycopg.OperationalError:
+                return n
+            n += 1
 
     def stop(self) -> None:
         for c in self.conns:

@@ -99,8 +99,9 @@ class ChaosConfig:
             raise ConfigError("duration, workers and rate must be positive")
         if self.needs_scratch and self.dsn is not None:
             raise ConfigError(
-                "restart, crash and exhaust run on a scratch cluster the run starts itself "
-                "(the given server is never restarted, crashed or filled); drop --dsn"
+                "restart, crash, exhaust and maxconn run on a scratch cluster the run "
+                "starts itself (the given server is never restarted, crashed or filled); "
+                "drop --dsn"
             )
 
     @property
@@ -394,7 +395,8 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     try:
         if cfg.needs_scratch:
             # Room for every worker's few connections, the producers and the hog's victims.
-            default_max = cfg.workers * 5 + 20 if "exhaust" in cfg.faults else None
+            filled = "exhaust" in cfg.faults or "maxconn" in cfg.faults
+            default_max = cfg.workers * 5 + 20 if filled else None
             max_conn = cfg.max_connections or default_max
             cluster = ScratchCluster(max_connections=max_conn)
             run.progress("starting a scratch cluster")
