@@ -92,10 +92,13 @@ def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def unavailable(exc: BaseException, settings: QueueSettings, what: str) -> DatabaseUnavailable:
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return DatabaseUnavailable(
-        f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {reason}"
+        f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {_first_line(exc)}"
     )
 
 
@@ -151,6 +154,19 @@ def give_up(
         mapped = translate_error(exc, settings)
         if mapped is not None:
             return _chained(mapped, None)
+        if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
+            # The server refuses writes (default_transaction_read_only, a standby, a
+            # disk-full guard): refused before anything was written, so even an enqueue
+            # may be sent again, and the error says why rather than a bare driver one.
+            if attempt > settings.op_retries:
+                return _chained(
+                    DatabaseUnavailable(
+                        f"{what}: PostgreSQL at {settings.display_dsn} is read-only "
+                        f"({_first_line(exc)}); nothing was written"
+                    ),
+                    exc,
+                )
+            return None
         if not is_connection_error(exc):
             return exc
         if sent and not idempotent:

@@ -71,6 +71,52 @@ class WorkerStats:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
 
 
+class _Trouble:
+    """The log of one activity that keeps failing (claims, writes, heartbeats): a line
+    when it starts failing or the reason changes, one when it works again; never a
+    line per attempt, however long the outage (a read-only or full server)."""
+
+    def __init__(self, worker: str, what: str) -> None:
+        self.worker, self.what = worker, what
+        self.failures = 0
+        self._since = 0.0
+        self._kind = ""
+
+    def failed(self, exc: BaseException, retry: str = "backing off") -> int:
+        """Count a failure (log it if it is news); returns the failures in a row."""
+        self.failures += 1
+        kind = _kind(exc)
+        if self.failures == 1 or kind != self._kind:
+            if self.failures == 1:
+                self._since = time.monotonic()
+            logger.warning(
+                "worker %s: %s failed (%s); %s, logged again when it works",
+                self.worker,
+                self.what,
+                _one_line(exc),
+                retry,
+            )
+        self._kind = kind
+        return self.failures
+
+    def ok(self) -> None:
+        if self.failures:
+            logger.warning(
+                "worker %s: %s works again after %d failure(s) over %.1fs",
+                self.worker,
+                self.what,
+                self.failures,
+                time.monotonic() - self._since,
+            )
+            self.failures, self._kind = 0, ""
+
+
+def _kind(exc: BaseException) -> str:
+    # The class says why, except for skiplock's own wrapper: then its cause does.
+    cause = exc.__cause__ if isinstance(exc, SkiplockError) and exc.__cause__ else exc
+    return type(cause).__name__
+
+
 def default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -293,7 +339,7 @@ class Worker:
         assert self._q is not None and self._pool is not None
         next_sweep = time.monotonic() + random.uniform(0, self.sweep_interval)
         next_prune = time.monotonic() + random.uniform(0, self.prune_interval)
-        failures = 0
+        trouble = _Trouble(self.name, "claim")
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
@@ -310,14 +356,10 @@ class Worker:
             if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
                     self._more = self._claim_some(free)
-                    failures = 0
+                    trouble.ok()
                 except _DB_ERRORS as exc:
-                    failures += 1
+                    failures = trouble.failed(exc)
                     self.stats.add(db_errors=1)
-                    if failures == 1 or failures % 20 == 0:
-                        logger.warning(
-                            "worker %s: claim failed (%s); retrying", self.name, _one_line(exc)
-                        )
                     self._stopping.wait(backoff(failures, base=0.05, cap=5.0))
                     continue
             self._wait_for_work()
@@ -416,8 +458,10 @@ class Worker:
     def _writer_loop(self) -> None:
         pending: list[tuple[Job, Outcome]] = []
         next_beat = time.monotonic() + self.heartbeat_interval
-        failures = 0
+        trouble = _Trouble(self.name, "writing results")
+        beat_trouble = _Trouble(self.name, "heartbeat")
         while True:
+            failures = trouble.failures
             timeout = max(0.0, next_beat - time.monotonic())
             if pending:
                 timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
@@ -450,21 +494,14 @@ class Worker:
                     # unseen: the retry must recheck, or it reports "lease lost".
                     self._write(pending, recheck=failures > 0)
                     pending = []
-                    failures = 0
+                    trouble.ok()
                 except Exception as exc:
                     # Never let the writer die: results it owes would be lost and the
                     # leases of every job held would run out.  Keep them and retry.
-                    failures += 1
+                    trouble.failed(exc, "keeping the results")
                     self.stats.add(db_errors=1)
-                    if failures == 1 or failures % 20 == 0:
-                        logger.warning(
-                            "worker %s: writing %d result(s) failed (%s); will retry",
-                            self.name,
-                            len(pending),
-                            _one_line(exc),
-                        )
             if time.monotonic() >= next_beat:
-                self._heartbeat()
+                self._heartbeat(beat_trouble)
                 next_beat = time.monotonic() + self.heartbeat_interval
 
     def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
@@ -513,7 +550,7 @@ class Worker:
         if self._more and self.capacity - held >= self._refill_batch:
             self._wake.set()
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, trouble: _Trouble) -> None:
         assert self._q is not None
         jobs = self.inflight()
         if not jobs:
@@ -522,8 +559,9 @@ class Worker:
             res = self._q.heartbeat_many(jobs, lease=self.lease)
         except Exception as exc:
             self.stats.add(db_errors=1)
-            logger.warning("worker %s: heartbeat failed (%s)", self.name, _one_line(exc))
+            trouble.failed(exc, "the leases run on")
             return
+        trouble.ok()
         self.stats.add(heartbeats=len(res.done))
         if res.lost:
             self.stats.add(lease_lost=len(res.lost))

@@ -111,7 +111,7 @@ def _triple(j: dict[str, Any]) -> str:
     default="kill,pause,terminate,proxy",
     show_default=True,
     help=f"Comma-separated, from {','.join(FAULTS)}; or 'all' or 'none'. "
-    "restart, crash, exhaust and maxconn start a scratch cluster.",
+    "restart, crash, exhaust, maxconn and readonly start a scratch cluster.",
 )
 @click.option("--lease", default=2.0, show_default=True, help="Workers' lease in seconds.")
 @click.option("--concurrency", default=4, show_default=True, help="Handlers per worker.")

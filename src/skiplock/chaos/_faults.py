@@ -46,11 +46,11 @@ __all__ = [
 
 # Families that fire repeatedly during the fault phase, and those that hold a condition
 # for the whole phase.
-REPEATED = ("kill", "pause", "terminate", "restart", "crash", "maxconn", "proxy")
+REPEATED = ("kill", "pause", "terminate", "restart", "crash", "maxconn", "readonly", "proxy")
 HELD = ("handlers", "exhaust", "longtx")
 FAULTS = REPEATED + HELD
 # Faults done only to a cluster the run starts itself, never to a server it is given.
-SCRATCH_ONLY = ("restart", "crash", "exhaust", "maxconn")
+SCRATCH_ONLY = ("restart", "crash", "exhaust", "maxconn", "readonly")
 
 
 def wait_until(
@@ -429,6 +429,27 @@ def maxconn(ctx: FaultContext) -> bool:
     return True
 
 
+def readonly(ctx: FaultContext) -> bool:
+    """Make the scratch cluster refuse writes for part of a lease, as a full disk or a
+    demotion would: ``default_transaction_read_only = on`` and a reload, then off."""
+    if ctx.cluster is None:
+        raise RuntimeError("readonly needs a scratch cluster; the shared server is never changed")
+    hold = ctx.rng.uniform(0.3, 0.5) * ctx.lease
+    with psycopg.connect(ctx.dsn, autocommit=True, application_name="chaos-readonly") as conn:
+        # This session keeps writing (ALTER SYSTEM back) whatever the server's default.
+        conn.execute("SET default_transaction_read_only = off")
+        t = time.time()
+        conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            ctx.stop.wait(hold)
+        finally:
+            conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
+            conn.execute("SELECT pg_reload_conf()")
+    ctx.record("readonly", t=t, hold=round(hold, 3))
+    return True
+
+
 def proxy(ctx: FaultContext) -> bool:
     """Reset, drop or stall the workers' connections through the proxy."""
     if ctx.proxy is None:
@@ -455,6 +476,7 @@ _INJECTORS: dict[str, Callable[[FaultContext], bool]] = {
     "restart": restart,
     "crash": crash,
     "maxconn": maxconn,
+    "readonly": readonly,
     "proxy": proxy,
 }
 

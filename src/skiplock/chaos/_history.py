@@ -51,7 +51,7 @@ ALLOWED_CAUSES = frozenset({"killed", "paused", "crash"})
 _HANDED_BACK = frozenset({"retried"})
 _ENDINGS = frozenset({"completed", "retried", "failed", "released", "timed_out", "lease_lost"})
 # Faults that take the database or the path to it away from a living worker.
-_OUTAGES = ("crash", "restart", "maxconn", "exhaust", "proxy", "terminate")
+_OUTAGES = ("crash", "restart", "maxconn", "readonly", "exhaust", "proxy", "terminate")
 
 
 class HistoryWriter:

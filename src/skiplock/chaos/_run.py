@@ -99,7 +99,7 @@ class ChaosConfig:
             raise ConfigError("duration, workers and rate must be positive")
         if self.needs_scratch and self.dsn is not None:
             raise ConfigError(
-                "restart, crash, exhaust and maxconn run on a scratch cluster the run "
+                "restart, crash, exhaust, maxconn and readonly run on a scratch cluster the run "
                 "starts itself (the given server is never restarted, crashed or filled); "
                 "drop --dsn"
             )
@@ -353,7 +353,9 @@ class _Producer(threading.Thread):
 
 def _outcome(exc: BaseException) -> str:
     """``fail`` only when skiplock says nothing was sent; anything else may have committed."""
-    if isinstance(exc, DatabaseUnavailable) and "cannot reach" in str(exc):
+    if isinstance(exc, DatabaseUnavailable) and (
+        "cannot reach" in str(exc) or "nothing was written" in str(exc)
+    ):
         return "fail"
     if isinstance(exc, SkiplockError) and not isinstance(exc, DatabaseUnavailable):
         return "fail"  # refused before any I/O: a bad payload or setting
