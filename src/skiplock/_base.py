@@ -249,6 +249,7 @@ class QueueBase:
         validate_queue(queue)
         _check_attempts(max_attempts)
         _check_priority(priority)
+        _check_run_at(run_at)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
@@ -274,6 +275,7 @@ class QueueBase:
         validate_queue(queue)
         _check_attempts(max_attempts)
         _check_priority(priority)
+        _check_run_at(run_at)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
         texts = []
@@ -358,13 +360,24 @@ _INT4_MAX = 2**31 - 1
 
 
 def _check_attempts(max_attempts: int) -> None:
-    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= _INT4_MAX:
-        raise ValueError(f"max_attempts must be an integer from 1 to {_INT4_MAX}")
+    # type() and not isinstance(): True is an int to Python, not an attempt count.
+    if type(max_attempts) is not int or not 1 <= max_attempts <= _INT4_MAX:
+        raise ValueError(
+            f"max_attempts must be an integer from 1 to {_INT4_MAX}, not {max_attempts!r:.40}"
+        )
 
 
 def _check_priority(priority: int) -> None:
-    if not -_INT4_MAX - 1 <= int(priority) <= _INT4_MAX:
-        raise ValueError(f"priority must be an integer from {-_INT4_MAX - 1} to {_INT4_MAX}")
+    if type(priority) is not int or not -_INT4_MAX - 1 <= priority <= _INT4_MAX:
+        raise ValueError(
+            f"priority must be an integer from {-_INT4_MAX - 1} to {_INT4_MAX}, "
+            f"not {priority!r:.40}"
+        )
+
+
+def _check_run_at(run_at: datetime | None) -> None:
+    if run_at is not None and not isinstance(run_at, datetime):
+        raise ValueError(f"run_at must be a datetime or None, not {run_at!r:.40}")
 
 
 def _check_lease(lease: float) -> None:
