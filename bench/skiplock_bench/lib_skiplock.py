@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -101,6 +107,9 @@ def _worker(spec: ChildSpec, handler: Any, on_event: Any) -> tuple[Queue, Worker
 
 
 def drain_child(spec: ChildSpec, chan: Channel) -> None:
+    if spec.options.get("cli"):
+        drain_cli_child(spec, chan)
+        return
     seen: list[int] = []  # list.append is atomic: handler threads need no lock
     lock = threading.Lock()
     done = 0
@@ -126,6 +135,89 @@ def drain_child(spec: ChildSpec, chan: Channel) -> None:
     chan.report(
         ChildResult(index=spec.index, pid=os.getpid(), seen=seen, stats=worker.stats.snapshot())
     )
+
+
+def cli_command(spec: ChildSpec) -> list[str]:
+    """`skiplock worker` as a user deploys it: its defaults, only the essentials given."""
+    return [
+        sys.executable,
+        "-m",
+        "skiplock.cli",
+        "worker",
+        "--dsn",
+        spec.dsn,
+        "--schema",
+        spec.schema,
+        "--concurrency",
+        str(spec.concurrency),
+        "--name",
+        spec.name,
+        "--handler",
+        "skiplock_bench.cli_handler:handler",
+    ]
+
+
+def drain_cli_child(spec: ChildSpec, chan: Channel) -> None:
+    """The drain with `skiplock worker` in a process of its own, started on "go".
+
+    Its start (interpreter, imports, connections, migrate check) falls inside the bench
+    clock, so this configuration is compared on the database's clock only.  Progress
+    comes from the handler's tally; once every job ran, the database is asked (a few
+    times, a few ms apart) until no job is left unfinished: polling it during the
+    drain would load the server the in-process configuration does not load.
+    """
+    fd, tally = tempfile.mkstemp(prefix="skiplock-bench-tally-")
+    os.ftruncate(fd, 8 + 4 * spec.n)
+    mapped = mmap.mmap(fd, 0)
+    os.close(fd)
+    total = memoryview(mapped)[:8].cast("q")
+    counts = memoryview(mapped)[8:].cast("i")
+    bench_dir = str(Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "SKIPLOCK_BENCH_TALLY": tally,
+        "PYTHONPATH": os.pathsep.join(p for p in (bench_dir, os.environ.get("PYTHONPATH")) if p),
+    }
+    unfinished = sql.SQL("SELECT count(*) FROM {}.jobs WHERE status <> 'done'").format(
+        sql.Identifier(spec.schema)
+    )
+    error = None
+    with tempfile.TemporaryFile("w+") as stderr, psycopg.connect(spec.dsn, autocommit=True) as db:
+        chan.ready[spec.index].set()
+        chan.go.wait()
+        proc = subprocess.Popen(
+            cli_command(spec), env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+        try:
+            while not chan.stop.is_set() and proc.poll() is None:
+                ran = total[0]
+                if ran >= spec.n:
+                    row = db.execute(unfinished).fetchone()
+                    if row is not None and row[0] == 0:
+                        chan.progress[spec.index] = spec.n
+                        break
+                    time.sleep(0.005)
+                else:
+                    # Coarse: the db clock does not depend on when the end is seen, and a
+                    # busy poll would take CPU the in-process configuration keeps.
+                    chan.progress[spec.index] = ran
+                    time.sleep(0.02)
+            chan.stop.wait()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            stderr.seek(0)
+            error = f"skiplock worker exited {proc.returncode}:\n" + stderr.read()[-4000:]
+    seen = [i for i, c in enumerate(counts) for _ in range(c)]
+    del total, counts
+    mapped.close()
+    os.unlink(tally)
+    chan.report(ChildResult(index=spec.index, pid=os.getpid(), seen=seen, error=error))
 
 
 def pickup_child(spec: ChildSpec, chan: Channel) -> None:

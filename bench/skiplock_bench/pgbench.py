@@ -1,6 +1,6 @@
 """The ceiling: pgbench running skiplock's own claim and complete statements, no Python.
 
-The script is rendered from ``skiplock._sql.statements(schema)``, so it follows whatever
+The script is rendered from ``skiplock.sqlfiles.statements(schema)``, so it follows whatever
 queries.sql says today.  Named parameters become pgbench variables: constants through
 ``\\set`` / ``-D``, and the claimed ids and tokens through ``\\gset`` into the complete.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from skiplock._sql import statements
+from skiplock.sqlfiles import statements
 
 from .common import find_pgbench
 

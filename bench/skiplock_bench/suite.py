@@ -11,9 +11,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import psycopg
-from psycopg import sql
-
 from . import lib_skiplock, pgbench
 from .common import (
     Check,
@@ -28,6 +25,18 @@ from .common import (
     settle,
 )
 from .procs import ChildSpec, Fleet
+from .report import DB_CLOCK
+from .server import (
+    StatementSampler,
+    backend_pids,
+    db_clock_rate,
+    dead_tuples,
+    finish_leftovers,
+    hold_back_vacuum,
+    max_id,
+    requeue_running,
+    vacuum_analyze,
+)
 
 
 @dataclass
@@ -79,6 +88,9 @@ def variants(lib: str, cfg: Config) -> list[Variant]:
             p = cfg.procs
             if p > 1 and c % p == 0:
                 out.append(Variant(lib, f"c{c}: {p} processes x {c // p}", p, c // p, c))
+            # The command users deploy, with its own defaults (issue 14: it ran at half
+            # the library's rate, unseen, while only the library was measured).
+            out.append(Variant(lib, cli_config(c), 1, c, c, {"cli": True}))
     elif lib == "pgqueuer":
         out.append(Variant(lib, "defaults: batch 10, no cap", 1, 0, None))
         for c in cfg.concurrency:
@@ -89,6 +101,10 @@ def variants(lib: str, cfg: Config) -> list[Variant]:
         for c in cfg.concurrency:
             out.append(Variant(lib, f"c{c}: concurrency {c}", 1, c, c, slow=True))
     return out
+
+
+def cli_config(c: int) -> str:
+    return f"c{c}: skiplock worker CLI x {c}"
 
 
 class Suite:
@@ -138,12 +154,12 @@ class Suite:
         kw: dict[str, Any] = {"schema": schema} if schema is not None else {}
         if fresh:
             mod.reset(dsn, **kw)
-        since = _max_id(dsn, schema) if v.lib == "skiplock" and not fresh else 0
+        since = max_id(dsn, schema) if v.lib == "skiplock" and not fresh else 0
         secs = mod.enqueue_bulk(dsn, n, **kw)
         if key is None:  # the main drains double as the bulk-enqueue measurement
             self._bulk[(v.lib, n, rnd)].append(n / secs)
         settle(dsn)
-        holder = _hold_back_vacuum(dsn, schema or lib_skiplock.SCHEMA) if hold_back else None
+        holder = hold_back_vacuum(dsn, schema or lib_skiplock.SCHEMA) if hold_back else None
         specs = [
             ChildSpec(
                 lib=v.lib,
@@ -173,7 +189,7 @@ class Suite:
                 children = fleet.finish()
         finally:
             fleet.kill()
-        dead = _dead_tuples(dsn, schema) if v.lib == "skiplock" and schema else None
+        dead = dead_tuples(dsn, schema) if v.lib == "skiplock" and schema else None
         if holder is not None:
             holder.rollback()
             holder.close()
@@ -189,15 +205,26 @@ class Suite:
         rate = n / (t_end - t0) if finished and not math.isnan(t_end) else float("nan")
         ok = finished and not errors and dups == 0 and missing == 0 and db_ok
         k = key or Key("drain", v.lib, v.config, n, "jobs/s")
-        self.results.add(k, rnd, rate)
+        db_rate = float("nan")
+        if v.lib == "skiplock" and k.section == "drain":
+            db_rate = db_clock_rate(dsn, schema, since, n) if finished else db_rate
+            self.results.add(Key(k.section, k.lib, k.config, n, DB_CLOCK), rnd, db_rate)
+        if v.options.get("cli"):
+            # Its process starts after "go": the bench clock would count its start-up.
+            rate = db_rate
+        else:
+            self.results.add(k, rnd, rate)
         if dead is not None:
             self.results.add(Key(k.section, k.lib, k.config, n, "dead tuples after"), rnd, dead)
         self.results.checks.append(
             Check(k.section, v.lib, k.config, n, rnd, executed, dups, missing, state, ok)
         )
         extra = f" dead tuples {dead:,.0f}" if dead is not None else ""
+        clock = ""
+        if db_rate == db_rate:  # not NaN: a skiplock drain
+            clock = " (db clock)" if v.options.get("cli") else f" ({db_rate:,.0f} on the db clock)"
         log(
-            f"  {k.section} {v.lib} [{k.config}] N={n:,}: {rate:,.0f} jobs/s; "
+            f"  {k.section} {v.lib} [{k.config}] N={n:,}: {rate:,.0f} jobs/s{clock}; "
             f"executed {executed:,}, dup {dups}, missing {missing}; db: {state}{extra}"
             + ("" if ok else "  << NOT OK")
         )
@@ -209,7 +236,10 @@ class Suite:
     def drains(self, rnd: int) -> None:
         for n in self.cfg.sizes:
             for lib in self.libs_for_round(rnd):
-                for v in variants(lib, self.cfg):
+                # Configurations of a library take turns too (ABAB, BABA): drift of the
+                # machine must not favour the one that always runs first.
+                vs = variants(lib, self.cfg)
+                for v in vs if rnd % 2 else vs[::-1]:
                     if v.slow:
                         # Once per round, at the smallest N or the cap if that is smaller.
                         if n != min(self.cfg.sizes):
@@ -332,7 +362,7 @@ class Suite:
             lib_skiplock.setup(dsn, schema)
             secs = lib_skiplock.enqueue_bulk(dsn, n, schema=schema)
             log(f"  {schema}: {n:,} jobs enqueued in {secs:.1f}s ({n / secs:,.0f} jobs/s)")
-            _vacuum_analyze(dsn, schema)
+            vacuum_analyze(dsn, schema)
         settle(dsn)
         for rnd in range(1, cfg.rounds + 1):
             for schema, n in (("scale_small", small), ("scale_big", big)):
@@ -345,7 +375,7 @@ class Suite:
                 log(f"  claim at {n:,} pending: p50 {_p(lat, 50):.2f} ms, p99 {_p(lat, 99):.2f} ms")
         # History: the big table's jobs all run to completion, through skiplock's own
         # claim and complete SQL (pgbench does a million in a minute; workers would not).
-        _requeue_running(dsn, "scale_big")
+        requeue_running(dsn, "scale_big")
         per_client = math.ceil(big / (cfg.pgbench_clients * cfg.pgbench_batch) * 1.02)
         log(f"scaling: finishing {big:,} jobs with pgbench (skiplock's claim+complete SQL)")
         res = pgbench.run(
@@ -355,7 +385,7 @@ class Suite:
             batch=cfg.pgbench_batch,
             transactions=per_client,
         )
-        leftover = _finish_leftovers(dsn, "scale_big")
+        leftover = finish_leftovers(dsn, "scale_big")
         log(
             f"  {res.done:,} finished by pgbench at {res.jobs_per_s:,.0f} jobs/s"
             f"; {leftover} left over and marked done by SQL"
@@ -388,7 +418,7 @@ class Suite:
                 v, n, rnd, key=key("long transaction open"), schema="scale_longtx", hold_back=True
             )
         log("scaling: VACUUM (ANALYZE) of the history table")
-        _vacuum_analyze(dsn, "scale_big")
+        vacuum_analyze(dsn, "scale_big")
         for rnd in range(1, cfg.rounds + 1):
             self.drain_once(v, n, rnd, key=key("fresh table, second set"), schema="scale_fresh")
             self.drain_once(
@@ -446,11 +476,11 @@ class Suite:
             time.sleep(1.5)  # py-spy attached before the clock starts
             busy0, total0 = machine_busy_seconds()
             cpu0 = proc_cpu_seconds(pid)
-            sampler = _StatementSampler(dsn, lib_skiplock.SCHEMA)
+            sampler = StatementSampler(dsn, lib_skiplock.SCHEMA)
             t0 = fleet.go()
             sampler.start()
             time.sleep(0.5)
-            backends = _backend_pids(dsn)
+            backends = backend_pids(dsn)
             finished, t_end = _wait_persisted(fleet, n, cfg.stall)
             t_stop = time.monotonic()  # a stalled drain is profiled up to the give-up
             sampler.stop()
@@ -485,61 +515,6 @@ class Suite:
         }
 
 
-class _StatementSampler:
-    """Which of skiplock's statements the worker's backends are running, sampled from
-    pg_stat_activity every 20 ms: where the server's time goes, by statement."""
-
-    def __init__(self, dsn: str, schema: str) -> None:
-        import threading
-        from collections import Counter
-
-        from skiplock._sql import statements
-
-        self.dsn = dsn
-        self.counts: Counter[str] = Counter()
-        self.rounds = 0
-        stmts = statements(schema)
-        self._heads = {name: _head(getattr(stmts, name).as_string(None)) for name in stmts.names()}
-        self._halt = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self._thread.join(timeout=5)
-
-    def _name(self, query: str) -> str:
-        head = _head(query)
-        for name, h in self._heads.items():
-            if h and head.startswith(h):
-                return name
-        return head[:40] or "?"
-
-    def _run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not self._halt.wait(0.02):
-                rows = conn.execute(
-                    "SELECT query, wait_event_type FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND state = 'active' "
-                    "AND application_name LIKE 'skiplock-worker:%'"
-                ).fetchall()
-                self.rounds += 1
-                for query, wait in rows:
-                    name = self._name(str(query))
-                    self.counts[name + (f" (waiting: {wait})" if wait else "")] += 1
-
-
-def _head(text: str) -> str:
-    """A statement's first 80 characters without comments or runs of whitespace."""
-    import re
-
-    body = " ".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("--"))
-    body = re.sub(r"%\(\w+\)s|\$\d+", "?", body)  # client placeholders vs the server's
-    return re.sub(r"\s+", " ", body).strip()[:80]
-
-
 def _p(values: list[float], q: float) -> float:
     return percentile(values, q) if values else float("nan")
 
@@ -558,78 +533,3 @@ def _wait_persisted(fleet: Fleet, n: int, stall: float) -> tuple[bool, float]:
             log(f"  stalled at {cur:,}/{n:,} persisted completions")
             return False, float("nan")
         time.sleep(0.001)
-
-
-def _max_id(dsn: str, schema: str | None) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            sql.SQL("SELECT coalesce(max(id), 0) FROM {}.jobs").format(
-                sql.Identifier(schema or lib_skiplock.SCHEMA)
-            )
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
-def _vacuum_analyze(dsn: str, schema: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("VACUUM (ANALYZE) {}.jobs").format(sql.Identifier(schema)))
-
-
-def _requeue_running(dsn: str, schema: str) -> None:
-    """Jobs the claim-latency probe took go back to pending, so pgbench finishes them too."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL(
-                "UPDATE {}.jobs SET status = 'pending', worker = NULL, lease_token = NULL, "
-                "locked_until = NULL, started_at = NULL WHERE status = 'running'"
-            ).format(sql.Identifier(schema))
-        )
-
-
-def _finish_leftovers(dsn: str, schema: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(
-            sql.SQL(
-                "UPDATE {}.jobs SET status = 'done', finished_at = now(), locked_until = NULL "
-                "WHERE status IN ('pending', 'running')"
-            ).format(sql.Identifier(schema))
-        )
-        return cur.rowcount
-
-
-def _hold_back_vacuum(dsn: str, schema: str) -> psycopg.Connection[Any]:
-    """An open REPEATABLE READ transaction with a snapshot: no row version that it might
-    see can be vacuumed away until it ends."""
-    conn = psycopg.connect(dsn, application_name="bench-long-transaction")
-    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    conn.execute("SELECT txid_current()")
-    conn.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(schema)))
-    return conn
-
-
-def _dead_tuples(dsn: str, schema: str) -> float:
-    """Dead row versions in the jobs table, counted by pgstattuple (exact) if it is there."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        try:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
-            row = conn.execute(
-                sql.SQL("SELECT dead_tuple_count FROM pgstattuple({})").format(
-                    sql.Literal(f'"{schema}".jobs')
-                )
-            ).fetchone()
-        except psycopg.Error:
-            row = conn.execute(
-                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = %s "
-                "AND relname = 'jobs'",
-                (schema,),
-            ).fetchone()
-    return float(row[0]) if row else float("nan")
-
-
-def _backend_pids(dsn: str) -> list[int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-        ).fetchall()
-    return [int(r[0]) for r in rows]

@@ -2,16 +2,23 @@
 
 from ._aqueue import AsyncQueue
 from ._config import RetryPolicy
+from ._control import QueueConfig
 from ._errors import (
     ConfigError,
     DatabaseUnavailable,
     Fail,
+    JobCancelled,
+    JobFailed,
+    JobStateError,
     LeaseLost,
     PayloadError,
     Retry,
     SkiplockError,
+    UnknownJob,
+    UnknownQueue,
 )
 from ._job import Job
+from ._periodic import Periodic
 from ._queue import Queue
 from ._worker import Worker, WorkerStats
 
@@ -23,12 +30,19 @@ __all__ = [
     "DatabaseUnavailable",
     "Fail",
     "Job",
+    "JobCancelled",
+    "JobFailed",
+    "JobStateError",
     "LeaseLost",
     "PayloadError",
+    "Periodic",
     "Queue",
+    "QueueConfig",
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "UnknownJob",
+    "UnknownQueue",
     "Worker",
     "WorkerStats",
 ]

@@ -1,20 +1,31 @@
-"""AsyncQueue: the asyncio driver of the same I/O-free operations Queue runs."""
+"""AsyncQueue: the asyncio driver of skiplock's I/O-free operations.
+
+This file is the source of both drivers: ``scripts/async_to_sync.py`` turns it into
+``_queue.py`` (``Queue``) by dropping ``async``/``await`` and renaming the async
+primitives.  Code under ``if ASYNC:`` exists only here; its ``else:`` branch only in the
+sync copy.  Edit this file, then run ``scripts/async_to_sync.py``; CI checks that the
+generated file is current.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
+from time import monotonic
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from . import _control, _migrate
 from ._base import (
     MakeOp,
     QueueBase,
+    QueueSettings,
     backoff,
     give_up,
     idle_connection_suspect,
@@ -22,17 +33,21 @@ from ._base import (
     unavailable,
 )
 from ._config import RetryPolicy
+from ._control import QueueConfig
 from ._errors import DatabaseUnavailable
 from ._job import Job
 from ._ops import Copy, Execute, FenceResult, Op
+from ._sql import channel_name
 
 __all__ = ["AsyncQueue", "arun_op"]
+
+ASYNC: Final = True  # mypy: always_true; the sync copy keeps the else branches
 
 T = TypeVar("T")
 
 
 async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
-    """Drive an I/O-free operation to completion on an async connection."""
+    """Drive an I/O-free operation to completion on ``conn``."""
     cur = conn.cursor(row_factory=dict_row)
     try:
         step = next(op)
@@ -48,22 +63,40 @@ async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
                 rows = []
             step = op.send(rows)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+        return cast(T, stop.value)
     finally:
         await cur.close()
 
 
 async def _acheck_idle_connection(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The async pool's check: ping only a connection ``idle_connection_suspect`` flags."""
+    """The pool's check: ping only a connection ``idle_connection_suspect`` flags."""
     if idle_connection_suspect(conn):
         await AsyncConnectionPool.check_connection(conn)
 
 
 class AsyncQueue(QueueBase):
-    """The asyncio twin of Queue, for async web handlers and async workers.
+    """A skiplock queue on one Postgres schema, over a connection pool.
 
-    Create it, then ``await q.open()`` (or ``async with AsyncQueue(...) as q``).
-    Methods and semantics are Queue's; see there.
+    ``Queue`` is safe to share between threads and opens on creation; ``AsyncQueue``
+    is its asyncio twin: create it, then ``await q.open()`` (or ``async with``).
+
+    Parameters
+    ----------
+    dsn
+        libpq URL or key=value string.  None: ``SKIPLOCK_DSN``, else ``DATABASE_URL``,
+        else a private embedded PostgreSQL started on demand.
+    schema
+        The Postgres schema holding skiplock's tables (quoted as an identifier).
+    application_name
+        Shown in ``pg_stat_activity``; workers set ``skiplock-worker:<name>``.
+    max_size
+        Connections in the pool.
+    check_connections
+        Before lending a pooled connection, check (with a zero-timeout select, and
+        a round trip only if the server sent something while it was idle) that the
+        server has not closed it, so an enqueue is not lost to a dead connection.
+    open
+        ``Queue`` only: connect at once (the default).
     """
 
     def __init__(
@@ -78,6 +111,7 @@ class AsyncQueue(QueueBase):
         retry_policy: RetryPolicy | None = None,
         connect_timeout: float = 10.0,
         check_connections: bool = True,
+        open: bool = not ASYNC,
     ) -> None:
         self._configure(
             dsn,
@@ -91,12 +125,42 @@ class AsyncQueue(QueueBase):
             check_connections=check_connections,
         )
         self._pool: AsyncConnectionPool | None = None
+        if ASYNC:
+            if open:
+                raise ValueError("AsyncQueue opens in an event loop: await q.open()")
+        elif open:
+            self.open()
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: QueueSettings,
+        *,
+        min_size: int = 1,
+        max_size: int = 4,
+        check_connections: bool = False,
+    ) -> AsyncQueue:
+        """A queue with ``settings``, as workers build their own (``Queue``: open)."""
+        q = cls.__new__(cls)
+        q._init_base(settings)
+        q._min_size, q._max_size, q._check = min_size, max(max_size, min_size), check_connections
+        q._pool = None
+        if ASYNC:
+            pass  # an AsyncQueue opens in the event loop: await q.open()
+        else:
+            q.open()
+        return q
+
+    # -- lifecycle -----------------------------------------------------------------------
 
     async def open(self) -> None:
+        """Connect (fail fast with a clear error) and start the pool."""
         if self._pool is not None:
             return
         s = self.settings
         try:
+            # One direct connection first: the pool would only say "timed out", while
+            # libpq's own message says why (refused, bad password, no such database).
             conn = await psycopg.AsyncConnection.connect(s.dsn, **s.connect_kwargs())
             await conn.close()
         except psycopg.Error as exc:
@@ -110,7 +174,7 @@ class AsyncQueue(QueueBase):
             # Retry with backoff while callers wait; 0 gives up after two immediate tries
             # and leaves every waiting caller parked until its own timeout.
             reconnect_timeout=300.0,
-            name=f"skiplock-async-{s.application_name}",
+            name=f"skiplock-{s.application_name}",
             open=False,
         )
         await pool.open(wait=False)
@@ -130,6 +194,14 @@ class AsyncQueue(QueueBase):
     ) -> None:
         await self.close()
 
+    def connection(self) -> Any:
+        """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
+        if self._pool is None:
+            raise DatabaseUnavailable("queue is not open")
+        return self._pool.connection(timeout=self.settings.connect_timeout)
+
+    # -- the driver ----------------------------------------------------------------------
+
     async def _execute(
         self,
         make_op: MakeOp,
@@ -139,6 +211,8 @@ class AsyncQueue(QueueBase):
         what: str = "query",
     ) -> Any:
         if conn is not None:
+            # The caller's connection and transaction: their commit decides, their
+            # error handling applies.
             try:
                 return await arun_op(conn, make_op(False))
             except psycopg.Error as exc:
@@ -146,13 +220,11 @@ class AsyncQueue(QueueBase):
                 if mapped is not None:
                     raise mapped from None
                 raise
-        if self._pool is None:
-            raise DatabaseUnavailable("queue is not open; await q.open() first")
         attempt = 0
         while True:
             sent = False
             try:
-                async with self._pool.connection(timeout=self.settings.connect_timeout) as c:
+                async with self.connection() as c:
                     sent = True
                     return await arun_op(c, make_op(attempt > 0))
             except (PoolTimeout, psycopg.Error) as exc:
@@ -166,8 +238,19 @@ class AsyncQueue(QueueBase):
                     what=what,
                 )
                 if fatal is not None:
-                    raise fatal  # noqa: B904 - give_up set the cause
+                    raise fatal from fatal.__cause__
             await asyncio.sleep(backoff(attempt))
+
+    # -- schema --------------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Create or upgrade the schema; returns the versions applied (idempotent)."""
+        applied = await self._execute(
+            lambda _after: _migrate.migrate_op(self.schema), idempotent=False, what="migrate"
+        )
+        return list(applied)
+
+    # -- producers -----------------------------------------------------------------------
 
     async def enqueue(
         self,
@@ -180,12 +263,18 @@ class AsyncQueue(QueueBase):
         idempotency_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> int:
+        """Add one job and return its id.
+
+        ``priority``: lower runs first.  ``run_at``: not before this time.  With an
+        ``idempotency_key``, a job already enqueued with that key in this queue is
+        not duplicated: its id is returned.  With ``conn``, the insert joins that
+        connection's transaction and exists only if the caller commits.
+        """
         make = self._enqueue_op(payload, queue, priority, run_at, max_attempts, idempotency_key)
-        return int(
-            await self._execute(
-                make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
-            )
+        job_id = await self._execute(
+            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
         )
+        return int(job_id)
 
     async def enqueue_many(
         self,
@@ -198,45 +287,129 @@ class AsyncQueue(QueueBase):
         idempotency_keys: Sequence[str | None] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[int]:
+        """Add many jobs with one COPY; returns their ids in order."""
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys
         )
-        return list(await self._execute(make, conn=conn, idempotent=False, what="enqueue_many"))
+        ids = await self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        return list(ids)
+
+    # -- consumers -----------------------------------------------------------------------
 
     async def claim(
-        self, *, worker: str, queue: str = "default", limit: int = 1, lease: float = 30.0
+        self,
+        *,
+        worker: str,
+        queue: str = "default",
+        limit: int = 1,
+        lease: float = 30.0,
+        conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> list[Job]:
-        return list(await self._execute(self._claim_op(worker, queue, limit, lease), what="claim"))
+        """Take up to ``limit`` due jobs, committed, each with a fresh lease token.
+
+        A paused queue gives nothing; a queue with a concurrency or rate limit gives
+        no more than the limit allows.  With ``conn`` the claim joins that connection's
+        transaction and commits with it (the "hold the lock for the whole job"
+        pattern); the caller owns errors.
+        """
+        own = conn is None or conn.autocommit
+        jobs = await self._execute(
+            self._claim_op(worker, queue, limit, lease, own), conn=conn, what="claim"
+        )
+        return list(jobs)
 
     async def heartbeat(self, job: Job, *, lease: float = 30.0) -> datetime:
-        res: FenceResult = await self._execute(
-            self._fenced_op("heartbeat", [job], {"lease": float(lease)}), what="heartbeat"
-        )
-        self._raise_if_lost(res, "heartbeat")
-        return res.done[job.id]["locked_until"]  # type: ignore[no-any-return]
+        """Extend the job's lease to now + ``lease``; returns the new expiry.
 
-    async def complete(self, job: Job) -> None:
-        res: FenceResult = await self._execute(self._fenced_op("complete", [job]), what="complete")
-        self._raise_if_lost(res, "complete")
+        A cancel asked since the last beat turns ``job.cancelled`` true.
+        """
+        result = await self.heartbeat_many([job], lease=lease)
+        self._raise_if_lost(result, "heartbeat")
+        return cast(datetime, result.done[job.id]["locked_until"])
+
+    async def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> FenceResult:
+        """Heartbeat many jobs in one statement; ``lost`` lists those no longer ours."""
+        res: FenceResult = await self._execute(
+            self._fenced_op("heartbeat", jobs, {"lease": float(lease)}), what="heartbeat"
+        )
+        return res
+
+    async def complete(self, job: Job, result: Any = None) -> None:
+        """Mark the job done, storing ``result`` (JSON) for ``wait``.
+
+        A job whose cancel was asked ends ``cancelled`` instead.  Raises LeaseLost (and
+        changes nothing) if the job is not ours, PayloadError (before any write) if the
+        result cannot be stored.
+        """
+        self._raise_if_lost(await self.complete_many([(job, result)], _count=False), "complete")
+
+    async def complete_many(
+        self,
+        items: Sequence[Job | tuple[Job, Any]],
+        *,
+        _count: bool = True,
+        _recheck: bool = False,
+    ) -> FenceResult:
+        """Complete many jobs in one statement, each fenced by its own token.
+
+        An item is a job, or ``(job, result)``.
+        """
+        jobs, params = self._complete_params(items)
+        res: FenceResult = await self._execute(
+            self._fenced_op("complete", jobs, params, recheck=_recheck), what="complete"
+        )
+        if _count:
+            self._count_lost(len(res.lost))
+        return res
 
     async def fail(
         self, job: Job, error: str | None = None, *, retry: bool = True, delay: float | None = None
     ) -> str:
-        items = [(job, error, delay, retry)]
+        """Record a failed attempt; returns the job's new status.
+
+        With ``retry`` (the default) the job runs again after the retry policy's
+        backoff (or ``delay``) while attempts remain, else it ends ``failed``.
+        ``retry=False`` ends it ``failed`` at once.
+        """
+        result = await self.fail_many([(job, error, delay, retry)], _count=False)
+        self._raise_if_lost(result, "fail")
+        return str(result.done[job.id]["status"])
+
+    async def fail_many(
+        self,
+        items: Sequence[tuple[Job, str | None, float | None, bool]],
+        *,
+        _count: bool = True,
+        _recheck: bool = False,
+    ) -> FenceResult:
+        """``fail`` for many jobs in one statement: (job, error, delay or None, retry)."""
+        jobs = [it[0] for it in items]
         res: FenceResult = await self._execute(
-            self._fenced_op("fail", [job], self._fail_params(items)), what="fail"
+            self._fenced_op("fail", jobs, self._fail_params(items), _recheck), what="fail"
         )
-        self._raise_if_lost(res, "fail")
-        return str(res.done[job.id]["status"])
+        if _count:
+            self._count_lost(len(res.lost))
+        return res
 
     async def retry(self, job: Job, *, delay: float = 0.0, error: str | None = None) -> str:
+        """Run the job again after ``delay`` seconds (the attempt counts)."""
         return await self.fail(job, error, retry=True, delay=delay)
 
     async def release(self, job: Job) -> None:
-        res: FenceResult = await self._execute(self._fenced_op("release", [job]), what="release")
-        self._raise_if_lost(res, "release")
+        """Give a claimed job back at once, and the attempt with it."""
+        self._raise_if_lost(await self.release_many([job], _count=False), "release")
+
+    async def release_many(self, jobs: Sequence[Job], *, _count: bool = True) -> FenceResult:
+        """``release`` for many jobs in one statement."""
+        res: FenceResult = await self._execute(self._fenced_op("release", jobs), what="release")
+        if _count:
+            self._count_lost(len(res.lost))
+        return res
+
+    # -- maintenance ---------------------------------------------------------------------
 
     async def sweep(self, *, limit: int = 1000) -> int:
+        """Return jobs with expired leases to pending (or failed); returns how many."""
         total = 0
         while True:
             rows = await self._execute(self._sweep_op(limit), what="sweep")
@@ -244,8 +417,166 @@ class AsyncQueue(QueueBase):
             if len(rows) < limit:
                 return total
 
-    async def get(self, job_id: int) -> Job | None:
-        return await self._execute(self._get_op(job_id), what="get")  # type: ignore[no-any-return]
+    async def prune(
+        self, *, older_than: float = 7 * 86400.0, limit: int = 1000, max_batches: int | None = None
+    ) -> int:
+        """Delete finished jobs older than ``older_than`` seconds, ``limit`` rows at a time."""
+        total, batches = 0, 0
+        while max_batches is None or batches < max_batches:
+            n = int(await self._execute(self._prune_op(older_than, limit), what="prune"))
+            total += n
+            batches += 1
+            if n < limit:
+                break
+        return total
 
-    async def cancel(self, job_id: int) -> bool:
-        return bool(await self._execute(self._cancel_op(job_id), what="cancel"))
+    async def get(self, job_id: int) -> Job | None:
+        """The job's current row, or None."""
+        return cast(Job | None, await self._execute(self._get_op(job_id), what="get"))
+
+    # -- control -------------------------------------------------------------------------
+
+    async def cancel(self, job_id: int) -> str:
+        """Cancel a job; returns its status after the call.
+
+        A pending job ends ``cancelled`` at once (``"cancelled"``).  A running job is
+        asked to stop (``"running"``): its worker sees the request within a heartbeat
+        (woken at once when it listens), ``job.cancelled`` turns true, and the job
+        ends ``cancelled`` whatever the handler then reports.  UnknownJob for an id
+        that does not exist, JobStateError for a job already finished.
+        """
+        return str(await self._execute(self._cancel_op(job_id), what="cancel"))
+
+    async def pause(self, queue: str) -> None:
+        """Stop every worker claiming from ``queue`` at its next claim (no restart).
+
+        Running jobs go on.  UnknownQueue for a queue with no jobs and no settings.
+        """
+        await self._execute(self._pause_op(queue, True), what="pause")
+
+    async def resume(self, queue: str) -> None:
+        """Undo ``pause``: workers claim from ``queue`` again at their next poll."""
+        await self._execute(self._pause_op(queue, False), what="resume")
+
+    async def configure_queue(
+        self,
+        queue: str,
+        *,
+        concurrency_limit: int | None = None,
+        rate_limit: float | None = None,
+        rate_burst: float | None = None,
+        store_results: bool | None = None,
+        clear_concurrency_limit: bool = False,
+        clear_rate_limit: bool = False,
+    ) -> QueueConfig:
+        """Set a queue's limits, held in Postgres for every worker on every host.
+
+        Parameters
+        ----------
+        concurrency_limit
+            At most this many jobs of the queue running at once, across all workers.
+        rate_limit
+            At most this many jobs started per second (a token bucket of
+            ``rate_burst`` jobs, default one second's worth and at least 1).
+        store_results
+            Keep handlers' return values (default on).
+        clear_concurrency_limit, clear_rate_limit
+            Remove a limit.  None leaves a setting as it is.
+        """
+        cfg = await self._execute(
+            self._configure_op(
+                queue,
+                concurrency_limit,
+                rate_limit,
+                rate_burst,
+                store_results,
+                clear_concurrency_limit,
+                clear_rate_limit,
+            ),
+            what="configure_queue",
+        )
+        return cast(QueueConfig, cfg)
+
+    async def requeue(self, job_id: int) -> None:
+        """Run a done, failed or cancelled job again, with fresh attempts (an operator's
+        retry).  UnknownJob, or JobStateError for a pending or running job."""
+        await self._execute(self._requeue_op(job_id), what="requeue")
+
+    async def delete(self, job_id: int) -> None:
+        """Delete a job that is not running.  UnknownJob, or JobStateError if running."""
+        await self._execute(self._delete_op(job_id), what="delete")
+
+    async def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered by queue and status; page with ``before_id``.
+
+        Rows carry the job's columns but the payload and result (``get`` has them), and
+        the first 200 characters of the last error as ``last_error_head``.
+        """
+        op = self._list_jobs_op(queue, status, limit, before_id)
+        return list(await self._execute(op, what="list_jobs"))
+
+    async def throughput(
+        self, *, window: float = 3600.0, bucket: float = 60.0
+    ) -> list[dict[str, Any]]:
+        """Jobs finished per ``bucket`` seconds over the last ``window`` seconds:
+        rows of queue, status, at (the bucket's start) and jobs."""
+        op = self._throughput_op(window, bucket)
+        return list(await self._execute(op, what="throughput"))
+
+    async def queue_settings(self) -> list[QueueConfig]:
+        """The settings of every queue that has any (pause, limits, results)."""
+        return list(await self._execute(self._queues_op(), what="queue_settings"))
+
+    async def wait(
+        self, job_id: int, timeout: float | None = None, *, poll_interval: float = 1.0
+    ) -> Any:
+        """Wait for the job to finish and return its result (the handler's return value).
+
+        Woken by LISTEN/NOTIFY when the job's final write commits, with a poll every
+        ``poll_interval`` seconds as the fallback (behind a transaction pooler, say).
+        Raises JobFailed (with the job's last error) or JobCancelled, UnknownJob for an
+        unknown id, and TimeoutError when ``timeout`` seconds pass first.
+        """
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive, not {poll_interval!r}")
+        s = self.settings
+        deadline = None if timeout is None else monotonic() + timeout
+        try:
+            conn = await psycopg.AsyncConnection.connect(s.dsn, **s.connect_kwargs())
+        except psycopg.Error as exc:
+            raise unavailable(exc, s, "wait") from None
+        async with conn:
+            try:
+                await conn.execute(
+                    sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(s.schema)))
+                )
+                row = await arun_op(conn, self._watch_op(job_id, True)(False))
+                while True:
+                    finished, result = _control.settle(row)
+                    if finished:
+                        return result
+                    left = poll_interval if deadline is None else deadline - monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
+                    async for _note in conn.notifies(
+                        timeout=min(left, poll_interval), stop_after=1
+                    ):
+                        pass
+                    row = await arun_op(conn, self._watch_op(job_id, False)(False))
+            except psycopg.Error as exc:
+                mapped = translate_error(exc, s, "wait")
+                if mapped is not None:
+                    raise mapped from None
+                raise unavailable(exc, s, "wait") from None
+
+    async def status(self, *, attempts_alert: int = 3) -> list[dict[str, Any]]:
+        """Counts per queue and status, oldest pending age, expired leases, high attempts."""
+        rows = await self._execute(self._status_op(attempts_alert), what="status")
+        return list(rows)

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pgerrors
 
-from . import _ops
+from . import _control, _ops
 from ._config import (
     DEFAULT_SCHEMA,
     RetryPolicy,
@@ -42,6 +42,7 @@ class QueueSettings:
     schema: str = DEFAULT_SCHEMA
     application_name: str = "skiplock"
     max_payload_bytes: int = _ops.DEFAULT_MAX_PAYLOAD_BYTES
+    max_result_bytes: int = _control.DEFAULT_MAX_RESULT_BYTES
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     connect_timeout: float = 10.0
     op_retries: int = 6
@@ -78,7 +79,9 @@ def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
     return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
 
 
-def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None:
+def translate_error(
+    exc: Exception, settings: QueueSettings, what: str = "query"
+) -> Exception | None:
     """Turn a driver error into skiplock's own, or None if it should propagate as is."""
     if isinstance(
         exc, pgerrors.UndefinedTable | pgerrors.InvalidSchemaName | pgerrors.UndefinedFunction
@@ -88,6 +91,13 @@ def translate_error(exc: Exception, settings: QueueSettings) -> Exception | None
             f"on {settings.display_dsn}; run `skiplock migrate`"
         )
     if isinstance(exc, pgerrors.InsufficientPrivilege):
+        if what == "migrate":
+            return ConfigError(
+                f"cannot migrate schema {settings.schema!r}: "
+                f"{exc.diag.message_primary or exc}; run `skiplock migrate` as the schema's "
+                "owner, and start producers and workers that use the roles of "
+                "`skiplock roles` with --no-migrate"
+            )
         return ConfigError(f"permission denied: {exc.diag.message_primary or exc}")
     return None
 
@@ -151,7 +161,7 @@ def give_up(
     ``exc`` is a driver error or the pool's timeout.
     """
     if isinstance(exc, psycopg.Error):
-        mapped = translate_error(exc, settings)
+        mapped = translate_error(exc, settings, what)
         if mapped is not None:
             return _chained(mapped, None)
         if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
@@ -299,7 +309,9 @@ class QueueBase:
             keys=keys,
         )
 
-    def _claim_op(self, worker: str, queue: str, limit: int, lease: float) -> MakeOp:
+    def _claim_op(
+        self, worker: str, queue: str, limit: int, lease: float, own_transaction: bool = True
+    ) -> MakeOp:
         validate_queue(queue)
         if not isinstance(worker, str) or not worker or len(worker) > 200 or "\x00" in worker:
             raise ConfigError(
@@ -309,7 +321,12 @@ class QueueBase:
             raise ValueError("limit must be at least 1")
         _check_lease(lease)
         return lambda _after: _ops.claim(
-            self._stmts, worker=worker, queue=queue, limit=int(limit), lease=float(lease)
+            self._stmts,
+            worker=worker,
+            queue=queue,
+            limit=int(limit),
+            lease=float(lease),
+            own_transaction=own_transaction,
         )
 
     def _fenced_op(
@@ -339,6 +356,22 @@ class QueueBase:
             "retries": [bool(r) for _, _, _, r in items],
         }
 
+    def _complete_params(
+        self, items: Sequence[Job | tuple[Job, Any]]
+    ) -> tuple[list[Job], dict[str, Any]]:
+        """Jobs and their results (JSON text, checked before any write) for `complete`."""
+        jobs: list[Job] = []
+        results: list[str | None] = []
+        for item in items:
+            job, value = (item, None) if isinstance(item, Job) else item
+            jobs.append(job)
+            results.append(
+                _control.encode_result(value, self.settings.max_result_bytes)
+                if job.store_result
+                else None
+            )
+        return jobs, {"results": results}
+
     def _raise_if_lost(self, result: FenceResult, action: str) -> None:
         self._count_lost(len(result.lost))
         if result.lost:
@@ -347,11 +380,80 @@ class QueueBase:
     def _sweep_op(self, limit: int) -> MakeOp:
         return lambda _after: _single(self._stmts.sweep, {"limit": limit})
 
+    def _prune_op(self, older_than: float, limit: int) -> MakeOp:
+        params = {"older_than": float(older_than), "limit": int(limit)}
+        return lambda _after: _count_rows(self._stmts.prune, params)
+
+    def _status_op(self, attempts_alert: int) -> MakeOp:
+        return lambda _after: _single(self._stmts.status, {"attempts_alert": attempts_alert})
+
     def _get_op(self, job_id: int) -> MakeOp:
         return lambda _after: _get(self._stmts, job_id)
 
     def _cancel_op(self, job_id: int) -> MakeOp:
-        return lambda _after: _single(self._stmts.cancel, {"id": job_id})
+        _check_job_id(job_id)
+        return lambda _after: _control.cancel(self._stmts, job_id)
+
+    def _pause_op(self, queue: str, paused: bool) -> MakeOp:
+        validate_queue(queue)
+        return lambda _after: _control.set_paused(self._stmts, queue, paused)
+
+    def _configure_op(
+        self,
+        queue: str,
+        concurrency_limit: int | None,
+        rate_limit: float | None,
+        rate_burst: float | None,
+        store_results: bool | None,
+        clear_concurrency: bool,
+        clear_rate: bool,
+    ) -> MakeOp:
+        validate_queue(queue)
+        _control.check_limits(concurrency_limit, rate_limit, rate_burst)
+        op_args: dict[str, Any] = {
+            "concurrency_limit": concurrency_limit,
+            "rate_limit": rate_limit,
+            "rate_burst": rate_burst,
+            "store_results": store_results,
+            "clear_concurrency": clear_concurrency,
+            "clear_rate": clear_rate,
+        }
+        return lambda _after: _control.configure(self._stmts, queue, **op_args)
+
+    def _requeue_op(self, job_id: int) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _control.requeue(self._stmts, job_id)
+
+    def _delete_op(self, job_id: int) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _control.delete(self._stmts, job_id)
+
+    def _list_jobs_op(
+        self, queue: str | None, status: str | None, limit: int, before_id: int | None
+    ) -> MakeOp:
+        if queue is not None:
+            validate_queue(queue)
+        if status is not None and status not in _control.STATUSES:
+            raise ValueError(
+                f"unknown status {status!r}; one of {', '.join(sorted(_control.STATUSES))}"
+            )
+        if not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be from 1 to 10000, not {limit!r}")
+        params = {"queue": queue, "status": status, "limit": limit, "before": before_id}
+        return lambda _after: _single(self._stmts.list_jobs, params)
+
+    def _throughput_op(self, window: float, bucket: float) -> MakeOp:
+        if not 0 < bucket <= window:
+            raise ValueError("bucket must be positive and at most the window")
+        params = {"window": float(window), "bucket": float(bucket)}
+        return lambda _after: _single(self._stmts.throughput, params)
+
+    def _queues_op(self) -> MakeOp:
+        return lambda _after: _control.queue_configs(self._stmts)
+
+    def _watch_op(self, job_id: int, register: bool) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _control.watch(self._stmts, job_id, register)
 
 
 # Longest lease or retry delay: now() plus this stays far inside timestamptz's range.
@@ -391,6 +493,11 @@ def _clamp_delay(delay: float) -> float:
     return min(delay, MAX_DELAY_SECONDS) if delay > 0 else 0.0
 
 
+def _check_job_id(job_id: int) -> None:
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id < 2**63:
+        raise ValueError(f"job id must be a positive integer, not {job_id!r}")
+
+
 def _check_key(key: str) -> None:
     if not isinstance(key, str) or not key or len(key) > 512 or "\x00" in key:
         raise ConfigError(
@@ -401,6 +508,11 @@ def _check_key(key: str) -> None:
 def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:
     rows = yield _ops.Execute(query, params)
     return rows
+
+
+def _count_rows(query: Any, params: dict[str, Any]) -> Op[int]:
+    rows = yield _ops.Execute(query, params)
+    return int(rows[0]["n"])
 
 
 def _get(stmts: Statements, job_id: int) -> Op[Job | None]:

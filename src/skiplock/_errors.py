@@ -6,10 +6,15 @@ __all__ = [
     "ConfigError",
     "DatabaseUnavailable",
     "Fail",
+    "JobCancelled",
+    "JobFailed",
+    "JobStateError",
     "LeaseLost",
     "PayloadError",
     "Retry",
     "SkiplockError",
+    "UnknownJob",
+    "UnknownQueue",
 ]
 
 
@@ -42,6 +47,44 @@ class LeaseLost(SkiplockError):
         self.action = action
         ids = ", ".join(str(i) for i in job_ids)
         super().__init__(f"lease lost: {action} of job {ids} changed nothing")
+
+
+class UnknownJob(SkiplockError, LookupError):
+    """No job has this id (it never existed, or it was pruned)."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id}")
+
+
+class UnknownQueue(ConfigError, LookupError):
+    """The queue has neither jobs nor settings: most likely a typo."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        super().__init__(f"unknown queue {queue!r}: it has no jobs and no settings")
+
+
+class JobStateError(SkiplockError):
+    """The job is not in a state that allows the operation (cancel a finished job)."""
+
+
+class JobFailed(SkiplockError):
+    """``wait`` found the job ended ``failed``; ``error`` is its last error."""
+
+    def __init__(self, job_id: int, error: str | None) -> None:
+        self.job_id = job_id
+        self.error = error
+        last = (error or "no error recorded").strip().splitlines()
+        super().__init__(f"job {job_id} failed: {last[-1] if last else error}")
+
+
+class JobCancelled(SkiplockError):
+    """``wait`` found the job ended ``cancelled``."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} was cancelled")
 
 
 class Retry(Exception):

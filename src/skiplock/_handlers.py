@@ -14,10 +14,19 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from ._errors import ConfigError, Fail, Retry
+from ._control import DEFAULT_MAX_RESULT_BYTES, Encoded, encode_result
+from ._errors import ConfigError, Fail, PayloadError, Retry
 from ._job import Job
 
-__all__ = ["HandlerPool", "Outcome", "load_handler", "run_handler"]
+__all__ = [
+    "HandlerPool",
+    "Outcome",
+    "failed_outcome",
+    "load_handler",
+    "ok_outcome",
+    "run_coroutine",
+    "run_handler",
+]
 
 logger = logging.getLogger("skiplock.worker")
 
@@ -32,33 +41,80 @@ class Outcome:
     kind: str  # 'ok' | 'retry' (policy or explicit delay) | 'fail' (no retry)
     error: str | None = None
     delay: float | None = None  # None: the retry policy decides
+    result: Encoded | None = None  # the return value, encoded in the handler's thread
 
 
 OK = Outcome("ok")
+CANCELLED = Outcome("fail", "cancelled while running")
 
 
 def _trim(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else "..." + text[-MAX_ERROR_CHARS:]
 
 
-def run_handler(handler: Handler, job: Job, timeout: float | None) -> Outcome:
+def run_handler(
+    handler: Handler,
+    job: Job,
+    timeout: float | None,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+) -> Outcome:
     """Call ``handler(job)`` and classify what happened.  Never raises."""
     try:
         if inspect.iscoroutinefunction(handler):
-            # A coroutine can really be cancelled at its timeout, unlike a thread.
-            coro = handler(job)
-            asyncio.run(asyncio.wait_for(coro, timeout) if timeout else coro)
+            # A coroutine can really be cancelled, at its timeout or on a cancel of
+            # the job, unlike a thread.
+            value = asyncio.run(run_coroutine(handler, job, timeout))
         else:
-            handler(job)
+            value = handler(job)
+        return ok_outcome(job, value, max_result_bytes)
+    except BaseException as exc:  # every outcome is reported; failed_outcome re-raises ^C
+        return failed_outcome(exc, job, timeout)
+
+
+def ok_outcome(job: Job, value: Any, max_result_bytes: int) -> Outcome:
+    """A handler returned ``value``: done, with the value encoded for the job's row."""
+    if not job.store_result or value is None:
         return OK
-    except Retry as exc:
+    try:
+        return Outcome("ok", result=encode_result(value, max_result_bytes))
+    except PayloadError as exc:
+        # The side effects happened; a retry would repeat them and fail the same way.
+        return Outcome("fail", str(exc))
+
+
+def failed_outcome(exc: BaseException, job: Job, timeout: float | None) -> Outcome:
+    """Classify a handler's exception: Retry, Fail, a timeout, a cancel, anything else."""
+    if isinstance(exc, Retry):
         return Outcome("retry", _trim(exc.reason or "retry requested by handler"), exc.delay)
-    except Fail as exc:
+    if isinstance(exc, Fail):
         return Outcome("fail", _trim(str(exc) or "failed by handler"))
-    except TimeoutError:
+    if isinstance(exc, asyncio.CancelledError) and job.cancelled:
+        return CANCELLED
+    if isinstance(exc, TimeoutError) and timeout:
         return Outcome("retry", f"timed out after {timeout:g}s")
-    except Exception:
-        return Outcome("retry", _trim(traceback.format_exc()))
+    if not isinstance(exc, Exception):
+        raise exc  # KeyboardInterrupt, SystemExit: not the handler's outcome
+    return Outcome("retry", _trim("".join(traceback.format_exception(exc))))
+
+
+async def run_coroutine(handler: Handler, job: Job, timeout: float | None) -> Any:
+    """Await ``handler(job)``; cancel it at ``timeout`` or when the job is cancelled."""
+    task = asyncio.ensure_future(handler(job))
+    watcher = asyncio.ensure_future(_cancel_when_asked(task, job))
+    try:
+        return await (asyncio.wait_for(task, timeout) if timeout else task)
+    finally:
+        watcher.cancel()
+
+
+async def _cancel_when_asked(task: asyncio.Future[Any], job: Job) -> None:
+    # job.cancelled is set by the worker's heartbeat, on another thread or task: look
+    # often enough that a cancel reaches the handler within a tick of arriving.
+    while not task.done():
+        if job.cancelled:
+            task.cancel()
+            return
+        await asyncio.sleep(0.02)
 
 
 def load_handler(path: str) -> Handler:

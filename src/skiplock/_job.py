@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -38,6 +39,25 @@ class Job:
     finished_at: datetime | None = None
     last_error: str | None = None
     key: str | None = None
+    result: Any = None
+    store_result: bool = True
+    # Set when a cancel of this job reaches its worker (at a heartbeat); an Event so that
+    # the frozen record can still carry it across threads.
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a cancel of this running job has reached its worker.
+
+        Cancelling is cooperative: a long handler checks this between steps and
+        returns (or raises) early; whatever it then reports, the job ends ``cancelled``.
+        An ``async def`` handler run by a worker is also cancelled as a task.
+        """
+        return self._cancel.is_set()
+
+    def mark_cancelled(self) -> None:
+        """Record that a cancel reached this job (called by the worker, not handlers)."""
+        self._cancel.set()
 
     @property
     def idempotency_key(self) -> str:
@@ -46,7 +66,7 @@ class Job:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
-        return cls(
+        job = cls(
             id=row["id"],
             queue=row["queue"],
             payload=row["payload"],
@@ -63,4 +83,9 @@ class Job:
             finished_at=row["finished_at"],
             last_error=row["last_error"],
             key=row["idempotency_key"],
+            result=row.get("result"),
+            store_result=bool(row.get("store_result", True)),
         )
+        if row.get("cancel_requested"):
+            job.mark_cancelled()
+        return job

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import psycopg
-from psycopg import errors as pgerrors
 from psycopg import sql
 
 from ._errors import ConfigError
+from ._ops import Execute, Op
 from ._sql import migrations
 
-__all__ = ["migrate", "schema_version"]
+__all__ = ["migrate_op", "schema_version"]
 
 _LOCK_KEY = "skiplock.migrate:"
 
@@ -29,51 +29,58 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
     return int(row[0]) if row else 0  # type: ignore[call-overload]
 
 
-def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[int]:
+def migrate_op(schema: str) -> Op[list[int]]:
     """Apply the missing migrations to ``schema`` in one transaction; return their versions.
 
-    Several processes may call this at once (every worker on start, say): the first
+    Several processes may run this at once (every worker on start, say): the first
     takes a transaction-scoped advisory lock and the others wait for it, then find
-    nothing left to do.  Idempotent.
+    nothing left to do.  Idempotent.  An I/O-free operation, so that both drivers run
+    it; on error the pool rolls the open transaction back.
     """
-    try:
-        return _migrate(conn, schema)
-    except pgerrors.InsufficientPrivilege as exc:
-        raise ConfigError(
-            f"cannot migrate schema {schema!r}: {exc.diag.message_primary or exc}; run "
-            "`skiplock migrate` as the schema's owner, and start producers and workers that "
-            "use the roles of `skiplock roles` with --no-migrate"
-        ) from None
-
-
-def _migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[int]:
     ident = sql.Identifier(schema)
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK_KEY + schema,))
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {}.migrations ("
-                " version integer PRIMARY KEY,"
-                " name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(ident)
+    # A failed statement leaves the transaction aborted; the connection goes back to
+    # the pool, which rolls it back.
+    yield Execute(sql.SQL("BEGIN"))
+    applied = yield from _apply(schema, ident)
+    yield Execute(sql.SQL("COMMIT"))
+    return applied
+
+
+def _apply(schema: str, ident: sql.Identifier) -> Op[list[int]]:
+    yield Execute(
+        sql.SQL("SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))"),
+        {"key": _LOCK_KEY + schema},
+    )
+    yield Execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+    yield Execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.migrations ("
+            " version integer PRIMARY KEY,"
+            " name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(ident)
+    )
+    rows = yield Execute(sql.SQL("SELECT version FROM {}.migrations").format(ident))
+    done = {int(r["version"]) for r in rows}
+    known = migrations()
+    newest = known[-1].version if known else 0
+    if done and max(done) > newest:
+        raise ConfigError(
+            f"schema {schema!r} is at version {max(done)}, newer than this skiplock "
+            f"({newest}); upgrade skiplock"
         )
-        current = schema_version(conn, schema)
-        known = migrations()
-        if current > len(known):
-            raise ConfigError(
-                f"schema {schema!r} is at version {current}, newer than this skiplock "
-                f"({len(known)}); upgrade skiplock"
-            )
-        applied: list[int] = []
-        for mig in known:
-            if mig.version <= current:
-                continue
-            conn.execute(mig.render(schema))
-            conn.execute(
-                sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(ident),
-                (mig.version, mig.name),
-            )
-            applied.append(mig.version)
+    # By set, not by "above the current version": a migration numbered below one
+    # already applied (two branches landing in either order) is still applied.
+    applied: list[int] = []
+    for mig in known:
+        if mig.version in done:
+            continue
+        yield Execute(mig.render(schema))
+        yield Execute(
+            sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%(v)s, %(n)s)").format(
+                ident
+            ),
+            {"v": mig.version, "n": mig.name},
+        )
+        applied.append(mig.version)
     return applied

@@ -40,7 +40,7 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Execute:
-    query: sql.Composed
+    query: sql.SQL | sql.Composed
     params: Mapping[str, Any] | None = None
 
 
@@ -183,11 +183,31 @@ def enqueue_many(
     return out
 
 
-def claim(stmts: Statements, *, worker: str, queue: str, limit: int, lease: float) -> Op[list[Job]]:
-    rows = yield Execute(
-        stmts.claim, {"worker": worker, "queue": queue, "limit": limit, "lease": lease}
-    )
-    jobs = [Job.from_row(r) for r in rows]
+def claim(
+    stmts: Statements,
+    *,
+    worker: str,
+    queue: str,
+    limit: int,
+    lease: float,
+    own_transaction: bool = True,
+) -> Op[list[Job]]:
+    """The claim: one statement, or for a limited queue the locked path.
+
+    ``own_transaction``: the connection is in autocommit, so the locked path opens and
+    commits its own transaction; otherwise it joins the caller's, whose commit then
+    ends the turn of this queue's claims.
+    """
+    params = {"worker": worker, "queue": queue, "limit": limit, "lease": lease}
+    rows = yield Execute(stmts.claim, params)
+    if rows and rows[0]["queue_limited"]:
+        if own_transaction:
+            yield Execute(sql.SQL("BEGIN"))
+        yield Execute(stmts.lock_queue, {"queue": queue})
+        rows = yield Execute(stmts.claim_limited, params)
+        if own_transaction:
+            yield Execute(sql.SQL("COMMIT"))
+    jobs = [Job.from_row(r) for r in rows if r["id"] is not None]
     # RETURNING order is unspecified; hand jobs out in claim order.
     jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
     return jobs
@@ -204,9 +224,9 @@ class FenceResult:
 # States a job may be found in, still carrying our token, when a write we cannot see the
 # answer to did commit.  Heartbeat has none: repeating it is harmless.
 _OUTCOMES: dict[str, frozenset[str]] = {
-    "complete": frozenset({"done"}),
-    "fail": frozenset({"pending", "failed"}),
-    "release": frozenset({"pending"}),
+    "complete": frozenset({"done", "cancelled"}),
+    "fail": frozenset({"pending", "failed", "cancelled"}),
+    "release": frozenset({"pending", "cancelled"}),
     "heartbeat": frozenset(),
 }
 
@@ -236,6 +256,11 @@ def fenced(
     tokens = [j.lease_token for j in jobs]
     rows = yield Execute(getattr(stmts, action), {"ids": ids, "tokens": tokens, **(params or {})})
     result.done = {int(r["id"]): r for r in rows}
+    if action == "heartbeat":
+        for job in jobs:
+            row = result.done.get(job.id)
+            if row is not None and row["cancel_requested"]:
+                job.mark_cancelled()
     missing = [j for j in jobs if j.id not in result.done]
     if missing and recheck and _OUTCOMES[action]:
         rows = yield Execute(

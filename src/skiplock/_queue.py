@@ -1,19 +1,24 @@
-"""Queue: the synchronous driver of skiplock's operations, over a connection pool."""
+"""Queue: the sync driver of skiplock's I/O-free operations.
+
+GENERATED from _aqueue.py by scripts/async_to_sync.py: do not edit.
+Read and change _aqueue.py, the commented source, then regenerate.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
+from time import monotonic
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from . import _migrate
+from . import _control, _migrate
 from ._base import (
     MakeOp,
     QueueBase,
@@ -25,26 +30,14 @@ from ._base import (
     unavailable,
 )
 from ._config import RetryPolicy
+from ._control import QueueConfig
 from ._errors import DatabaseUnavailable
 from ._job import Job
 from ._ops import Copy, Execute, FenceResult, Op
+from ._sql import channel_name
 
 __all__ = ["Queue", "run_op"]
-
 T = TypeVar("T")
-
-
-@contextmanager
-def _translated(settings: QueueSettings) -> Iterator[None]:
-    """skiplock's own errors from statements run outside ``_execute`` (the CLI prints
-    those as one line; a raw driver error would be a traceback)."""
-    try:
-        yield
-    except psycopg.Error as exc:
-        mapped = translate_error(exc, settings)
-        if mapped is None:
-            raise
-        raise mapped from None
 
 
 def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
@@ -64,7 +57,7 @@ def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
                 rows = []
             step = op.send(rows)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+        return cast(T, stop.value)
     finally:
         cur.close()
 
@@ -76,7 +69,10 @@ def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
 
 
 class Queue(QueueBase):
-    """A skiplock queue on one Postgres schema.  Safe to share between threads.
+    """A skiplock queue on one Postgres schema, over a connection pool.
+
+    ``Queue`` is safe to share between threads and opens on creation; ``AsyncQueue``
+    is its asyncio twin: create it, then ``await q.open()`` (or ``async with``).
 
     Parameters
     ----------
@@ -93,6 +89,8 @@ class Queue(QueueBase):
         Before lending a pooled connection, check (with a zero-timeout select, and
         a round trip only if the server sent something while it was idle) that the
         server has not closed it, so an enqueue is not lost to a dead connection.
+    open
+        ``Queue`` only: connect at once (the default).
     """
 
     def __init__(
@@ -133,18 +131,13 @@ class Queue(QueueBase):
         max_size: int = 4,
         check_connections: bool = False,
     ) -> Queue:
+        """A queue with ``settings``, as workers build their own (``Queue``: open)."""
         q = cls.__new__(cls)
         q._init_base(settings)
-        q._min_size, q._max_size, q._check, q._pool = (
-            min_size,
-            max(max_size, min_size),
-            check_connections,
-            None,
-        )
+        q._min_size, q._max_size, q._check = (min_size, max(max_size, min_size), check_connections)
+        q._pool = None
         q.open()
         return q
-
-    # -- lifecycle -----------------------------------------------------------------------
 
     def open(self) -> None:
         """Connect (fail fast with a clear error) and start the pool."""
@@ -152,9 +145,8 @@ class Queue(QueueBase):
             return
         s = self.settings
         try:
-            # One direct connection first: the pool would only say "timed out", while
-            # libpq's own message says why (refused, bad password, no such database).
-            psycopg.connect(s.dsn, **s.connect_kwargs()).close()
+            conn = psycopg.Connection.connect(s.dsn, **s.connect_kwargs())
+            conn.close()
         except psycopg.Error as exc:
             raise unavailable(exc, s, "connect") from None
         pool = ConnectionPool(
@@ -163,8 +155,6 @@ class Queue(QueueBase):
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
             check=_check_idle_connection if self._check else None,
-            # Retry with backoff while callers wait; 0 gives up after two immediate tries
-            # and leaves every waiting caller parked until its own timeout.
             reconnect_timeout=300.0,
             name=f"skiplock-{s.application_name}",
             open=False,
@@ -178,6 +168,7 @@ class Queue(QueueBase):
             self._pool = None
 
     def __enter__(self) -> Queue:
+        self.open()
         return self
 
     def __exit__(
@@ -186,12 +177,10 @@ class Queue(QueueBase):
         self.close()
 
     def connection(self) -> Any:
-        """Borrow a pooled connection (autocommit), e.g. ``with q.connection() as c``."""
+        """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
         if self._pool is None:
-            raise DatabaseUnavailable("queue is closed")
+            raise DatabaseUnavailable("queue is not open")
         return self._pool.connection(timeout=self.settings.connect_timeout)
-
-    # -- the driver ----------------------------------------------------------------------
 
     def _execute(
         self,
@@ -202,8 +191,6 @@ class Queue(QueueBase):
         what: str = "query",
     ) -> Any:
         if conn is not None:
-            # The caller's connection and transaction: their commit decides, their
-            # error handling applies.
             try:
                 return run_op(conn, make_op(False))
             except psycopg.Error as exc:
@@ -229,17 +216,15 @@ class Queue(QueueBase):
                     what=what,
                 )
                 if fatal is not None:
-                    raise fatal  # noqa: B904 - give_up set the cause
+                    raise fatal from fatal.__cause__
             time.sleep(backoff(attempt))
-
-    # -- schema --------------------------------------------------------------------------
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema; returns the versions applied (idempotent)."""
-        with _translated(self.settings), self.connection() as conn:
-            return _migrate.migrate(conn, self.schema)
-
-    # -- producers -----------------------------------------------------------------------
+        applied = self._execute(
+            lambda _after: _migrate.migrate_op(self.schema), idempotent=False, what="migrate"
+        )
+        return list(applied)
 
     def enqueue(
         self,
@@ -260,9 +245,10 @@ class Queue(QueueBase):
         connection's transaction and exists only if the caller commits.
         """
         make = self._enqueue_op(payload, queue, priority, run_at, max_attempts, idempotency_key)
-        return int(
-            self._execute(make, conn=conn, idempotent=idempotency_key is not None, what="enqueue")
+        job_id = self._execute(
+            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
         )
+        return int(job_id)
 
     def enqueue_many(
         self,
@@ -279,9 +265,8 @@ class Queue(QueueBase):
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys
         )
-        return list(self._execute(make, conn=conn, idempotent=False, what="enqueue_many"))
-
-    # -- consumers -----------------------------------------------------------------------
+        ids = self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        return list(ids)
 
     def claim(
         self,
@@ -294,17 +279,25 @@ class Queue(QueueBase):
     ) -> list[Job]:
         """Take up to ``limit`` due jobs, committed, each with a fresh lease token.
 
-        With ``conn`` the claim joins that connection's transaction and commits with
-        it (the "hold the lock for the whole job" pattern); the caller owns errors.
+        A paused queue gives nothing; a queue with a concurrency or rate limit gives
+        no more than the limit allows.  With ``conn`` the claim joins that connection's
+        transaction and commits with it (the "hold the lock for the whole job"
+        pattern); the caller owns errors.
         """
-        make = self._claim_op(worker, queue, limit, lease)
-        return list(self._execute(make, conn=conn, what="claim"))
+        own = conn is None or conn.autocommit
+        jobs = self._execute(
+            self._claim_op(worker, queue, limit, lease, own), conn=conn, what="claim"
+        )
+        return list(jobs)
 
     def heartbeat(self, job: Job, *, lease: float = 30.0) -> datetime:
-        """Extend the job's lease to now + ``lease``; returns the new expiry."""
+        """Extend the job's lease to now + ``lease``; returns the new expiry.
+
+        A cancel asked since the last beat turns ``job.cancelled`` true.
+        """
         result = self.heartbeat_many([job], lease=lease)
         self._raise_if_lost(result, "heartbeat")
-        return result.done[job.id]["locked_until"]  # type: ignore[no-any-return]
+        return cast(datetime, result.done[job.id]["locked_until"])
 
     def heartbeat_many(self, jobs: Sequence[Job], *, lease: float = 30.0) -> FenceResult:
         """Heartbeat many jobs in one statement; ``lost`` lists those no longer ours."""
@@ -313,16 +306,25 @@ class Queue(QueueBase):
         )
         return res
 
-    def complete(self, job: Job) -> None:
-        """Mark the job done.  Raises LeaseLost (and changes nothing) if it is not ours."""
-        self._raise_if_lost(self.complete_many([job], _count=False), "complete")
+    def complete(self, job: Job, result: Any = None) -> None:
+        """Mark the job done, storing ``result`` (JSON) for ``wait``.
+
+        A job whose cancel was asked ends ``cancelled`` instead.  Raises LeaseLost (and
+        changes nothing) if the job is not ours, PayloadError (before any write) if the
+        result cannot be stored.
+        """
+        self._raise_if_lost(self.complete_many([(job, result)], _count=False), "complete")
 
     def complete_many(
-        self, jobs: Sequence[Job], *, _count: bool = True, _recheck: bool = False
+        self, items: Sequence[Job | tuple[Job, Any]], *, _count: bool = True, _recheck: bool = False
     ) -> FenceResult:
-        """Complete many jobs in one statement, each fenced by its own token."""
+        """Complete many jobs in one statement, each fenced by its own token.
+
+        An item is a job, or ``(job, result)``.
+        """
+        jobs, params = self._complete_params(items)
         res: FenceResult = self._execute(
-            self._fenced_op("complete", jobs, recheck=_recheck), what="complete"
+            self._fenced_op("complete", jobs, params, recheck=_recheck), what="complete"
         )
         if _count:
             self._count_lost(len(res.lost))
@@ -366,12 +368,11 @@ class Queue(QueueBase):
         self._raise_if_lost(self.release_many([job], _count=False), "release")
 
     def release_many(self, jobs: Sequence[Job], *, _count: bool = True) -> FenceResult:
+        """``release`` for many jobs in one statement."""
         res: FenceResult = self._execute(self._fenced_op("release", jobs), what="release")
         if _count:
             self._count_lost(len(res.lost))
         return res
-
-    # -- maintenance ---------------------------------------------------------------------
 
     def sweep(self, *, limit: int = 1000) -> int:
         """Return jobs with expired leases to pending (or failed); returns how many."""
@@ -386,13 +387,9 @@ class Queue(QueueBase):
         self, *, older_than: float = 7 * 86400.0, limit: int = 1000, max_batches: int | None = None
     ) -> int:
         """Delete finished jobs older than ``older_than`` seconds, ``limit`` rows at a time."""
-        total, batches = 0, 0
+        total, batches = (0, 0)
         while max_batches is None or batches < max_batches:
-            with _translated(self.settings), self.connection() as c:
-                cur = c.execute(
-                    self._stmts.prune, {"older_than": float(older_than), "limit": limit}
-                )
-                n = cur.rowcount
+            n = int(self._execute(self._prune_op(older_than, limit), what="prune"))
             total += n
             batches += 1
             if n < limit:
@@ -401,17 +398,141 @@ class Queue(QueueBase):
 
     def get(self, job_id: int) -> Job | None:
         """The job's current row, or None."""
-        return self._execute(self._get_op(job_id), what="get")  # type: ignore[no-any-return]
+        return cast(Job | None, self._execute(self._get_op(job_id), what="get"))
 
-    def cancel(self, job_id: int) -> bool:
-        """Cancel a pending or running job; a running job's worker then gets LeaseLost."""
-        return bool(self._execute(self._cancel_op(job_id), what="cancel"))
+    def cancel(self, job_id: int) -> str:
+        """Cancel a job; returns its status after the call.
+
+        A pending job ends ``cancelled`` at once (``"cancelled"``).  A running job is
+        asked to stop (``"running"``): its worker sees the request within a heartbeat
+        (woken at once when it listens), ``job.cancelled`` turns true, and the job
+        ends ``cancelled`` whatever the handler then reports.  UnknownJob for an id
+        that does not exist, JobStateError for a job already finished.
+        """
+        return str(self._execute(self._cancel_op(job_id), what="cancel"))
+
+    def pause(self, queue: str) -> None:
+        """Stop every worker claiming from ``queue`` at its next claim (no restart).
+
+        Running jobs go on.  UnknownQueue for a queue with no jobs and no settings.
+        """
+        self._execute(self._pause_op(queue, True), what="pause")
+
+    def resume(self, queue: str) -> None:
+        """Undo ``pause``: workers claim from ``queue`` again at their next poll."""
+        self._execute(self._pause_op(queue, False), what="resume")
+
+    def configure_queue(
+        self,
+        queue: str,
+        *,
+        concurrency_limit: int | None = None,
+        rate_limit: float | None = None,
+        rate_burst: float | None = None,
+        store_results: bool | None = None,
+        clear_concurrency_limit: bool = False,
+        clear_rate_limit: bool = False,
+    ) -> QueueConfig:
+        """Set a queue's limits, held in Postgres for every worker on every host.
+
+        Parameters
+        ----------
+        concurrency_limit
+            At most this many jobs of the queue running at once, across all workers.
+        rate_limit
+            At most this many jobs started per second (a token bucket of
+            ``rate_burst`` jobs, default one second's worth and at least 1).
+        store_results
+            Keep handlers' return values (default on).
+        clear_concurrency_limit, clear_rate_limit
+            Remove a limit.  None leaves a setting as it is.
+        """
+        cfg = self._execute(
+            self._configure_op(
+                queue,
+                concurrency_limit,
+                rate_limit,
+                rate_burst,
+                store_results,
+                clear_concurrency_limit,
+                clear_rate_limit,
+            ),
+            what="configure_queue",
+        )
+        return cast(QueueConfig, cfg)
+
+    def requeue(self, job_id: int) -> None:
+        """Run a done, failed or cancelled job again, with fresh attempts (an operator's
+        retry).  UnknownJob, or JobStateError for a pending or running job."""
+        self._execute(self._requeue_op(job_id), what="requeue")
+
+    def delete(self, job_id: int) -> None:
+        """Delete a job that is not running.  UnknownJob, or JobStateError if running."""
+        self._execute(self._delete_op(job_id), what="delete")
+
+    def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered by queue and status; page with ``before_id``.
+
+        Rows carry the job's columns but the payload and result (``get`` has them), and
+        the first 200 characters of the last error as ``last_error_head``.
+        """
+        op = self._list_jobs_op(queue, status, limit, before_id)
+        return list(self._execute(op, what="list_jobs"))
+
+    def throughput(self, *, window: float = 3600.0, bucket: float = 60.0) -> list[dict[str, Any]]:
+        """Jobs finished per ``bucket`` seconds over the last ``window`` seconds:
+        rows of queue, status, at (the bucket's start) and jobs."""
+        op = self._throughput_op(window, bucket)
+        return list(self._execute(op, what="throughput"))
+
+    def queue_settings(self) -> list[QueueConfig]:
+        """The settings of every queue that has any (pause, limits, results)."""
+        return list(self._execute(self._queues_op(), what="queue_settings"))
+
+    def wait(self, job_id: int, timeout: float | None = None, *, poll_interval: float = 1.0) -> Any:
+        """Wait for the job to finish and return its result (the handler's return value).
+
+        Woken by LISTEN/NOTIFY when the job's final write commits, with a poll every
+        ``poll_interval`` seconds as the fallback (behind a transaction pooler, say).
+        Raises JobFailed (with the job's last error) or JobCancelled, UnknownJob for an
+        unknown id, and TimeoutError when ``timeout`` seconds pass first.
+        """
+        if not poll_interval > 0:
+            raise ValueError(f"poll_interval must be positive, not {poll_interval!r}")
+        s = self.settings
+        deadline = None if timeout is None else monotonic() + timeout
+        try:
+            conn = psycopg.Connection.connect(s.dsn, **s.connect_kwargs())
+        except psycopg.Error as exc:
+            raise unavailable(exc, s, "wait") from None
+        with conn:
+            try:
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(s.schema))))
+                row = run_op(conn, self._watch_op(job_id, True)(False))
+                while True:
+                    finished, result = _control.settle(row)
+                    if finished:
+                        return result
+                    left = poll_interval if deadline is None else deadline - monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"job {job_id} did not finish within {timeout:g}s")
+                    for _note in conn.notifies(timeout=min(left, poll_interval), stop_after=1):
+                        pass
+                    row = run_op(conn, self._watch_op(job_id, False)(False))
+            except psycopg.Error as exc:
+                mapped = translate_error(exc, s, "wait")
+                if mapped is not None:
+                    raise mapped from None
+                raise unavailable(exc, s, "wait") from None
 
     def status(self, *, attempts_alert: int = 3) -> list[dict[str, Any]]:
         """Counts per queue and status, oldest pending age, expired leases, high attempts."""
-        with _translated(self.settings), self.connection() as c:
-            cur = c.cursor(row_factory=dict_row)
-            rows: list[dict[str, Any]] = cur.execute(
-                self._stmts.status, {"attempts_alert": attempts_alert}
-            ).fetchall()
-            return rows
+        rows = self._execute(self._status_op(attempts_alert), what="status")
+        return list(rows)

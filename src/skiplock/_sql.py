@@ -42,8 +42,9 @@ class Statements:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         ident = sql.Identifier(schema)
+        channel = sql.Literal(channel_name(schema))
         self._by_name: dict[str, sql.Composed] = {
-            name: sql.SQL(text).format(schema=ident)
+            name: sql.SQL(text).format(schema=ident, channel=channel)
             for name, text in parse_named(_read("queries.sql")).items()
         }
 
@@ -84,6 +85,8 @@ def migrations() -> tuple[Migration, ...]:
             found.append(Migration(int(m["version"]), m["name"], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda mig: mig.version)
     versions = [mig.version for mig in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations are not numbered 1..n: {versions}")
+    # Gaps are allowed (branches reserve numbers and land in any order); _migrate
+    # applies whichever known version a schema lacks.  Duplicates are a packaging bug.
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise RuntimeError(f"migrations are not numbered uniquely from 1: {versions}")
     return tuple(found)

@@ -18,110 +18,33 @@ lease is the only claim a worker keeps, and the lease token guards every write.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
 from queue import Empty, SimpleQueue
 
 import psycopg
 from psycopg import sql
 
-from ._base import QueueSettings, backoff
-from ._config import validate_queue
-from ._errors import ConfigError, SkiplockError
+from ._base import backoff
+from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Job
+from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
+from ._workerbase import Trouble, WorkerBase, WorkerStats, default_worker_name, one_line
 
-__all__ = ["Worker", "WorkerStats"]
+__all__ = ["Worker", "WorkerStats", "default_worker_name"]
 
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
+_BEAT = object()
 
 
-@dataclass
-class WorkerStats:
-    """Counters of one worker's life; read them while it runs or after."""
-
-    claimed: int = 0
-    completed: int = 0
-    retried: int = 0
-    failed: int = 0
-    released: int = 0
-    timed_out: int = 0
-    lease_lost: int = 0
-    heartbeats: int = 0
-    sweeps_recovered: int = 0
-    db_errors: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        with self.lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def snapshot(self) -> dict[str, int]:
-        with self.lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
-
-
-class _Trouble:
-    """The log of one activity that keeps failing (claims, writes, heartbeats): a line
-    when it starts failing or the reason changes, one when it works again; never a
-    line per attempt, however long the outage (a read-only or full server)."""
-
-    def __init__(self, worker: str, what: str) -> None:
-        self.worker, self.what = worker, what
-        self.failures = 0
-        self._since = 0.0
-        self._kind = ""
-
-    def failed(self, exc: BaseException, retry: str = "backing off") -> int:
-        """Count a failure (log it if it is news); returns the failures in a row."""
-        self.failures += 1
-        kind = _kind(exc)
-        if self.failures == 1 or kind != self._kind:
-            if self.failures == 1:
-                self._since = time.monotonic()
-            logger.warning(
-                "worker %s: %s failed (%s); %s, logged again when it works",
-                self.worker,
-                self.what,
-                _one_line(exc),
-                retry,
-            )
-        self._kind = kind
-        return self.failures
-
-    def ok(self) -> None:
-        if self.failures:
-            logger.warning(
-                "worker %s: %s works again after %d failure(s) over %.1fs",
-                self.worker,
-                self.what,
-                self.failures,
-                time.monotonic() - self._since,
-            )
-            self.failures, self._kind = 0, ""
-
-
-def _kind(exc: BaseException) -> str:
-    # The class says why, except for skiplock's own wrapper: then its cause does.
-    cause = exc.__cause__ if isinstance(exc, SkiplockError) and exc.__cause__ else exc
-    return type(cause).__name__
-
-
-def default_worker_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
-class Worker:
+class Worker(WorkerBase):
     """Runs handlers for jobs of one or more queues.
 
     Parameters
@@ -173,6 +96,10 @@ class Worker:
     retention
         If set, delete jobs finished more than this many seconds ago, a small batch
         every ``prune_interval`` seconds (``skiplock prune`` does the same once).
+    periodic
+        ``Periodic`` schedules this worker enqueues, in a thread of its own.  Run the
+        same list on any number of workers: each tick is enqueued once (see
+        docs/periodic.md).  The jobs go to each spec's queue, served here or not.
     """
 
     def __init__(
@@ -195,34 +122,27 @@ class Worker:
         retention: float | None = None,
         prune_interval: float = 60.0,
         synchronous_commit: bool = True,
+        periodic: Sequence[Periodic] = (),
     ) -> None:
-        if isinstance(handler, Mapping):
-            self._handlers: dict[str, Handler] = dict(handler)
-            names = list(queues) if queues is not None else list(self._handlers)
-        else:
-            names = list(queues) if queues is not None else ["default"]
-            self._handlers = dict.fromkeys(names, handler)
-        if not names:
-            raise ConfigError("a worker needs at least one queue")
-        for q in names:
-            validate_queue(q)
-            if q not in self._handlers:
-                raise ConfigError(f"no handler for queue {q!r}")
-        if concurrency < 1:
-            raise ConfigError("concurrency must be at least 1")
-        if not lease > 0:
-            raise ConfigError("lease must be positive")
-        self.heartbeat_interval = heartbeat_interval or lease / 3.0
-        if self.heartbeat_interval >= lease:
-            raise ConfigError("heartbeat interval must be shorter than the lease")
-        self.queues = names
-        self.concurrency = concurrency
-        self.lease = float(lease)
-        self.name = name or default_worker_name()
-        self.poll_interval = poll_interval
-        self.sweep_interval = sweep_interval
-        self.job_timeout = job_timeout
-        self.listen = listen
+        super().__init__(
+            queue,
+            handler,
+            queues=queues,
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat_interval=heartbeat_interval,
+            name=name,
+            poll_interval=poll_interval,
+            sweep_interval=sweep_interval,
+            job_timeout=job_timeout,
+            listen=listen,
+            shutdown_grace=shutdown_grace,
+            on_event=on_event,
+            retention=retention,
+            prune_interval=prune_interval,
+            synchronous_commit=synchronous_commit,
+            periodic=periodic,
+        )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
         # could have used).  So by default it adapts: about as many jobs as the
@@ -232,24 +152,13 @@ class Worker:
         self._max_prefetch = 2 * concurrency
         self._claim_rtt = 0.002
         self._more = False
-        self.shutdown_grace = shutdown_grace
-        self.stats = WorkerStats()
-        self._on_event = on_event
-        self.retention = retention
-        self.prune_interval = prune_interval
-
-        app = f"skiplock-worker:{self.name}"
-        self._settings: QueueSettings = replace(
-            queue.settings,
-            application_name=app,
-            op_retries=2,
-            synchronous_commit=synchronous_commit,
-        )
         self._q: Queue | None = None
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._wake = threading.Event()
-        self._results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
+        # Outcomes for the writer; None stops it, _BEAT asks for a heartbeat now (a
+        # cancel of a job we hold was announced).
+        self._results: SimpleQueue[tuple[Job, Outcome] | object | None] = SimpleQueue()
         self._inflight: dict[int, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
@@ -298,7 +207,7 @@ class Worker:
         if self._running:
             raise RuntimeError("worker already running")
         self._running = True
-        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3)
+        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3 + bool(self.periodic))
         self._pool = HandlerPool(
             self.concurrency,
             self._run_one,
@@ -309,6 +218,11 @@ class Worker:
         self._start_thread(self._writer_loop, "writer")
         if self.listen:
             self._start_thread(self._listen_loop, "listener")
+        if self.periodic:
+            scheduler = PeriodicScheduler(
+                self._q, self.periodic, stop=self._stopping, name=f"worker {self.name}"
+            )
+            self._start_thread(scheduler.run, "periodic")
         logger.info(
             "worker %s: queues %s, concurrency %d, lease %gs",
             self.name,
@@ -339,7 +253,7 @@ class Worker:
         assert self._q is not None and self._pool is not None
         next_sweep = time.monotonic() + random.uniform(0, self.sweep_interval)
         next_prune = time.monotonic() + random.uniform(0, self.prune_interval)
-        trouble = _Trouble(self.name, "claim")
+        trouble = Trouble(self.name, "claim")
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
@@ -405,11 +319,10 @@ class Worker:
             n = self._q.sweep()
         except _DB_ERRORS as exc:
             self.stats.add(db_errors=1)
-            logger.debug("sweep failed: %s", _one_line(exc))
+            logger.debug("sweep failed: %s", one_line(exc))
             return
+        self.swept(n)
         if n:
-            self.stats.add(sweeps_recovered=n)
-            logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
             self._wake.set()
 
     def _prune(self) -> None:
@@ -419,24 +332,18 @@ class Worker:
             n = self._q.prune(older_than=self.retention, limit=500, max_batches=4)
         except _DB_ERRORS as exc:
             self.stats.add(db_errors=1)
-            logger.debug("prune failed: %s", _one_line(exc))
+            logger.debug("prune failed: %s", one_line(exc))
             return
         if n:
             logger.debug("worker %s: pruned %d finished job(s)", self.name, n)
 
     # -- handlers ------------------------------------------------------------------------
 
-    def _emit(self, event: str, job: Job) -> None:
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(event, job)
-        except Exception:
-            logger.exception("on_event hook failed for %s of job %s", event, job.id)
-
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
-        return run_handler(self._handlers[job.queue], job, self.job_timeout)
+        return run_handler(
+            self._handlers[job.queue], job, self.job_timeout, self._settings.max_result_bytes
+        )
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
         # The slot frees when the writer has written the outcome (_forget), not now.
@@ -458,36 +365,38 @@ class Worker:
     def _writer_loop(self) -> None:
         pending: list[tuple[Job, Outcome]] = []
         next_beat = time.monotonic() + self.heartbeat_interval
-        trouble = _Trouble(self.name, "writing results")
-        beat_trouble = _Trouble(self.name, "heartbeat")
+        trouble = Trouble(self.name, "writing results")
+        beat_trouble = Trouble(self.name, "heartbeat")
         while True:
             failures = trouble.failures
             timeout = max(0.0, next_beat - time.monotonic())
             if pending:
                 timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
+            stop = False
             try:
                 item = self._results.get(timeout=timeout)
-                if item is None:
-                    if not pending:
-                        return
-                    # Writes still owed: keep trying until the hard stop.
-                    self._results.put(None)
-                    if self._hard_stop.is_set():
-                        logger.warning(
-                            "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
-                        )
-                        return
-                    time.sleep(0.05)
-                else:
-                    pending.append(item)
                 while True:
-                    more = self._results.get_nowait()
-                    if more is None:
-                        self._results.put(None)
+                    if item is None:
+                        self._results.put(None)  # seen again on the next round
+                        stop = True
                         break
-                    pending.append(more)
+                    if item is _BEAT:
+                        next_beat = time.monotonic()
+                    else:
+                        pending.append(item)  # type: ignore[arg-type]
+                    item = self._results.get_nowait()
             except Empty:
                 pass
+            if stop and not pending:
+                return
+            if stop:
+                # Writes still owed: keep trying until the hard stop.
+                if self._hard_stop.is_set():
+                    logger.warning(
+                        "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
+                    )
+                    return
+                time.sleep(0.05)
             if pending:
                 try:
                     # A batch written again after a failed call may have committed
@@ -507,38 +416,16 @@ class Worker:
     def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
         """One statement for the completions, one for the failures; each fenced per job."""
         assert self._q is not None
-        done = [job for job, o in batch if o.kind == "ok"]
-        failed = [(job, o.error, o.delay, o.kind == "retry") for job, o in batch if o.kind != "ok"]
-        lost: list[int] = []
+        done, failed = self.split(batch)
         if done:
             res = self._q.complete_many(done, _recheck=recheck)
-            lost += res.lost
-            self.stats.add(completed=len(res.done))
-            self._forget(done)
-            for job in done:
-                self._emit("completed" if job.id in res.done else "lease_lost", job)
+            self.completed(done, res)
+            self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
         if failed:
             res = self._q.fail_many(failed, _recheck=recheck)
-            lost += res.lost
-            retried = sum(1 for r in res.done.values() if r["status"] != "failed")
-            self.stats.add(retried=retried, failed=len(res.done) - retried)
+            self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
-            for job, *_ in failed:
-                r = res.done.get(job.id)
-                self._emit(
-                    "lease_lost"
-                    if r is None
-                    else ("failed" if r["status"] == "failed" else "retried"),
-                    job,
-                )
-        if lost:
-            self.stats.add(lease_lost=len(lost))
-            logger.warning(
-                "worker %s: lease lost for job(s) %s; the write changed nothing",
-                self.name,
-                ", ".join(map(str, lost)),
-            )
 
     def _forget(self, jobs: Sequence[Job]) -> None:
         with self._inflight_lock:
@@ -550,7 +437,7 @@ class Worker:
         if self._more and self.capacity - held >= self._refill_batch:
             self._wake.set()
 
-    def _heartbeat(self, trouble: _Trouble) -> None:
+    def _heartbeat(self, trouble: Trouble) -> None:
         assert self._q is not None
         jobs = self.inflight()
         if not jobs:
@@ -562,20 +449,10 @@ class Worker:
             trouble.failed(exc, "the leases run on")
             return
         trouble.ok()
-        self.stats.add(heartbeats=len(res.done))
-        if res.lost:
-            self.stats.add(lease_lost=len(res.lost))
-            logger.warning(
-                "worker %s: heartbeat found job(s) %s no longer ours (swept or cancelled)",
-                self.name,
-                ", ".join(map(str, res.lost)),
-            )
-            lost_ids = set(res.lost)
-            for job in jobs:
-                if job.id in lost_ids:
-                    self._emit("lease_lost", job)
+        lost = self.beaten(jobs, res)
+        if lost:
             with self._inflight_lock:
-                for job_id in res.lost:
+                for job_id in lost:
                     self._inflight.pop(job_id, None)
 
     # -- listener ------------------------------------------------------------------------
@@ -590,15 +467,23 @@ class Worker:
                     conn.execute(sql.SQL("LISTEN {}").format(channel))
                     failures = 0
                     self._wake.set()  # whatever was enqueued while we were away
+                    if self.inflight():
+                        self._results.put(_BEAT)  # and any cancel announced meanwhile
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in wanted:
                                 self._wake.set()
+                            elif self._holds(self.cancel_target(note.payload)):
+                                self._results.put(_BEAT)
             except psycopg.Error as exc:
                 failures += 1
                 if failures == 1:
-                    logger.info("worker %s: listener reconnecting (%s)", self.name, _one_line(exc))
+                    logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
                 self._stopping.wait(backoff(failures, base=0.1, cap=5.0))
+
+    def _holds(self, job_id: int | None) -> bool:
+        with self._inflight_lock:
+            return job_id in self._inflight
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -630,18 +515,10 @@ class Worker:
         assert self._q is not None
         for attempt in range(1, 6):
             try:
-                res = self._q.release_many(jobs)
-                self.stats.add(released=len(res.done), lease_lost=len(res.lost))
-                for job in jobs:
-                    self._emit("released" if job.id in res.done else "lease_lost", job)
+                self.released(jobs, self._q.release_many(jobs))
                 self._forget(jobs)
                 return
             except _DB_ERRORS as exc:
-                logger.warning("worker %s: release failed (%s)", self.name, _one_line(exc))
+                logger.warning("worker %s: release failed (%s)", self.name, one_line(exc))
                 time.sleep(backoff(attempt))
         self._forget(jobs)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

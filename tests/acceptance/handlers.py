@@ -28,3 +28,23 @@ def record(job: Job) -> None:
     sleep = sleep or job.payload.get("sleep", 0)
     if sleep:
         time.sleep(sleep)
+
+
+def noop(job: Job) -> None:
+    """For schedules whose jobs only need to exist (test_periodic_cli.py)."""
+
+
+def wait_for_cancel(job: Job) -> None:
+    """Spin until the job's cancel reaches this worker; record the wall-clock moment."""
+    record(job)
+    deadline = time.monotonic() + 60
+    while not job.cancelled and time.monotonic() < deadline:
+        time.sleep(0.002)
+    schema = os.environ["ACCEPT_SCHEMA"]
+    with psycopg.connect(os.environ["SKIPLOCK_DSN"], autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {}.cancel_seen (job_id, seen) VALUES (%s, %s)").format(
+                sql.Identifier(schema)
+            ),
+            (job.id, time.time() if job.cancelled else None),
+        )

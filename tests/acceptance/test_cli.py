@@ -111,28 +111,9 @@ def test_migrate_enqueue_status_sweep(env: dict[str, str], schema: str) -> None:
     r = cli("enqueue", '{"invoice": 7}', "--queue", "emails", "--schema", schema, "--json", env=env)
     assert r.returncode == 0, r.stderr
     [job_id] = json.loads(r.stdout)["ids"]
-    r = cli(
-        "enqueue",
-        '{"invoice": 7}',
-        "--queue",
-        "emails",
-        "--key",
-        "inv-7",
-        "--schema",
-        schema,
-        env=env,
-    )
-    r2 = cli(
-        "enqueue",
-        '{"invoice": 7}',
-        "--queue",
-        "emails",
-        "--key",
-        "inv-7",
-        "--schema",
-        schema,
-        env=env,
-    )
+    keyed = ("enqueue", '{"invoice": 7}', "--queue", "emails", "--key", "inv-7", "--schema", schema)
+    r = cli(*keyed, env=env)
+    r2 = cli(*keyed, env=env)
     assert r.stdout == r2.stdout and int(r.stdout) != job_id
     r = cli("status", "--schema", schema, "--json", env=env)
     [row] = json.loads(r.stdout)["queues"]
@@ -261,3 +242,38 @@ def _app_connected(q: Queue, name: str) -> bool:
 
 def _never() -> Any:
     raise AssertionError("job vanished")
+
+
+def test_skiplock_cancel_reaches_a_running_cli_workers_handler(
+    queue: Queue,
+    admin: psycopg.Connection[Any],
+    env: dict[str, str],
+    executions: Callable[[], list[tuple[int, int, int]]],
+    workers: Callable[..., subprocess.Popen[str]],
+) -> None:
+    """From `skiplock cancel ID` (a new process) to the handler seeing job.cancelled."""
+    s = sql.Identifier(queue.schema)
+    admin.execute(sql.SQL("CREATE TABLE {}.cancel_seen (job_id bigint, seen float8)").format(s))
+    job_id = queue.enqueue({})
+    workers("--handler", "handlers:wait_for_cancel", "--lease", "30")
+    wait_until(lambda: len(executions()) == 1, what="handler start")
+    began = time.time()
+    proc = cli("cancel", str(job_id), "--schema", queue.schema, env=env)
+    returned = time.time()
+    assert proc.returncode == 0, proc.stderr
+    wait_until(
+        lambda: (
+            admin.execute(sql.SQL("SELECT count(*) FROM {}.cancel_seen").format(s)).fetchone()
+            == (1,)
+        ),
+        what="handler to see the cancel",
+    )
+    row = admin.execute(sql.SQL("SELECT seen FROM {}.cancel_seen").format(s)).fetchone()
+    assert row is not None and row[0] is not None, "the handler never saw the cancel"
+    print(
+        f"\nskiplock cancel -> handler saw it: {row[0] - began:.3f}s from the command's start "
+        f"(the command itself took {returned - began:.3f}s); heartbeat interval 10s"
+    )
+    assert row[0] - began < 5.0  # far under the 10 s heartbeat: the NOTIFY woke it
+    wait_until(lambda: _count(queue, "cancelled") == 1, what="job cancelled")
+    assert _count(queue, "done") == 0

@@ -240,3 +240,31 @@ def test_the_worker_role_is_refused_clearly(
     res = cli(*args, "--dsn", worker_role, "--schema", seeded.schema)
     assert_clean_failure(res, expect)
     assert state(admin, seeded.schema, args) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pause", "nope"], "unknown queue 'nope'"),
+        (["resume", "nope"], "unknown queue 'nope'"),
+        (["limit", "mail", "--concurrency", "0"], "not 0"),
+        (["limit", "mail", "--concurrency", "-4"], "not -4"),
+        (["limit", "mail", "--rate", "-2"], "not -2.0"),
+        (["limit", "mail", "--rate", "nan"], "not nan"),
+        (["cancel", "99999"], "no job with id 99999"),
+        (["result", "99999", "--timeout", "1"], "no job with id 99999"),
+    ],
+)
+def test_control_commands_refuse_bad_input_with_exit_2_and_change_nothing(
+    queue: Queue, args: list[str], message: str
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "skiplock.cli", *args, "--schema", queue.schema],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SKIPLOCK_DSN": queue.settings.dsn},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert queue.queue_settings() == []

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -39,8 +37,11 @@ from skiplock import (
     Worker,
 )
 from skiplock._config import check_dsn
-from skiplock._migrate import migrate
+from skiplock._migrate import migrate_op
+from skiplock._queue import run_op
 from skiplock._sql import migrations
+
+from .migrate_util import migrate_in_processes
 
 SECRET = "Sup3r-S3cret-pw"
 
@@ -456,21 +457,10 @@ def test_concurrent_upgrade_from_processes_applies_once(dsn: str, schema: str, a
                 sql.Identifier(schema)
             )
         )
-    code = (
-        "import sys, skiplock; q = skiplock.Queue(sys.argv[1], schema=sys.argv[2], max_size=1);"
-        "print(q.migrate()); q.close()"
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, dsn, schema], stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(5)
-    ]
-    outs = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
-    assert all(p.returncode == 0 for p in procs)
+    outs = migrate_in_processes(dsn, schema, 5)
     rest = [m.version for m in migrations()[1:]]
     assert outs == sorted(["[]"] * 4 + [str(rest)])
-    assert migrate(admin, schema) == []
+    assert run_op(admin, migrate_op(schema)) == []
     assert count_jobs(admin, schema) == 1
 
 

@@ -45,3 +45,5 @@ def test_bench_runs_for_skiplock_with_tiny_n(dsn: str, tmp_path: Path) -> None:
         assert heading in text
     assert "**0 run(s) not OK**" in text
     assert "| skiplock | c8: 1 process x 8 | 300 | jobs/s |" in text
+    assert "| skiplock | c8: skiplock worker CLI x 8 | 300 | jobs/s, db clock |" in text
+    assert "`skiplock worker` CLI / in-process Worker (db clock)" in text

@@ -10,7 +10,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from skiplock import ConfigError, DatabaseUnavailable, Job, LeaseLost, PayloadError, Queue
+from skiplock import (
+    ConfigError,
+    DatabaseUnavailable,
+    Job,
+    JobStateError,
+    LeaseLost,
+    PayloadError,
+    Queue,
+    UnknownJob,
+)
 
 
 def row(admin: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any]:
@@ -105,17 +114,43 @@ def test_expired_but_untouched_lease_may_still_complete(
     assert done is not None and done.status == "done"
 
 
-def test_cancel_revokes_a_running_lease(queue: Queue) -> None:
+def test_cancel_of_a_running_job_is_cooperative_and_never_ends_done(queue: Queue) -> None:
     job_id = queue.enqueue({})
     [job] = queue.claim(worker="w1")
-    assert queue.cancel(job_id)
-    with pytest.raises(LeaseLost):
-        queue.heartbeat(job)
-    with pytest.raises(LeaseLost):
-        queue.complete(job)
+    assert queue.cancel(job_id) == "running"  # asked, not yet seen
+    assert not job.cancelled
+    queue.heartbeat(job)  # the lease is still ours: the worker may clean up
+    assert job.cancelled
+    queue.complete(job, {"partial": True})  # the handler finished anyway
     cancelled = queue.get(job_id)
     assert cancelled is not None and cancelled.status == "cancelled"
-    assert not queue.cancel(job_id)
+    with pytest.raises(JobStateError, match="already cancelled"):
+        queue.cancel(job_id)
+    with pytest.raises(UnknownJob, match="no job with id 999999"):
+        queue.cancel(999999)
+
+
+def test_cancel_of_a_pending_job_is_immediate(queue: Queue) -> None:
+    job_id = queue.enqueue({})
+    assert queue.cancel(job_id) == "cancelled"
+    assert queue.claim(worker="w1") == []
+    got = queue.get(job_id)
+    assert got is not None and got.status == "cancelled" and got.finished_at is not None
+
+
+def test_a_cancelled_job_handed_back_or_swept_ends_cancelled(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    a, b, c = (queue.enqueue({"n": n}) for n in range(3))
+    jobs = {j.id: j for j in queue.claim(worker="w1", limit=3)}
+    for job_id in (a, b, c):
+        queue.cancel(job_id)
+    assert queue.fail(jobs[a], "boom") == "cancelled"  # no retry of a cancelled job
+    queue.release(jobs[b])
+    expire(admin, queue.schema, c)
+    assert queue.sweep() == 1
+    assert {queue.get(i).status for i in (a, b, c)} == {"cancelled"}  # type: ignore[union-attr]
+    assert queue.claim(worker="w2", limit=3) == []
 
 
 def test_sweep_exhausted_job_fails_with_reason(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import psycopg
@@ -13,6 +11,8 @@ from psycopg import sql
 
 from skiplock import Queue
 from skiplock._sql import migrations, statements
+
+from .migrate_util import migrate_in_processes
 
 
 def test_migrate_is_idempotent(dsn: str, schema: str) -> None:
@@ -29,20 +29,9 @@ def test_migrate_is_idempotent(dsn: str, schema: str) -> None:
 
 
 def test_concurrent_migrate_from_processes(dsn: str, schema: str) -> None:
-    code = (
-        "import sys, skiplock; q = skiplock.Queue(sys.argv[1], schema=sys.argv[2], max_size=1);"
-        "print(q.migrate()); q.close()"
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, dsn, schema], stdout=subprocess.PIPE, text=True
-        )
-        for _ in range(6)
-    ]
-    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    outs = migrate_in_processes(dsn, schema, 6)
     # Exactly one process applied the migrations; the others found nothing to do.
-    assert sorted(outs) == sorted(["[]"] * 5 + [str([m.version for m in migrations()])])
+    assert outs == sorted(["[]"] * 5 + [str([m.version for m in migrations()])])
 
 
 def test_schema_name_is_quoted(dsn: str) -> None:

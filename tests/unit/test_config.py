@@ -110,5 +110,6 @@ def test_fence_clause_is_on_every_write_to_a_claimed_job() -> None:
 
 
 def test_migrations_are_numbered() -> None:
-    migs = migrations()
-    assert [m.version for m in migs] == list(range(1, len(migs) + 1))
+    # Unique and increasing; a gap is allowed (numbers reserved by branches in flight).
+    versions = [m.version for m in migrations()]
+    assert versions == sorted(set(versions)) and versions[0] == 1

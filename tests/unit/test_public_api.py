@@ -1,5 +1,9 @@
 """The public surface is exactly these names; anything else is private and may change."""
 
+import importlib
+
+import pytest
+
 import skiplock
 
 PUBLIC = {
@@ -8,12 +12,19 @@ PUBLIC = {
     "DatabaseUnavailable",
     "Fail",
     "Job",
+    "JobCancelled",
+    "JobFailed",
+    "JobStateError",
     "LeaseLost",
     "PayloadError",
+    "Periodic",
     "Queue",
+    "QueueConfig",
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "UnknownJob",
+    "UnknownQueue",
     "Worker",
     "WorkerStats",
 }
@@ -30,5 +41,45 @@ def test_public_names_come_from_private_modules() -> None:
 
 
 def test_errors_share_a_base() -> None:
-    for name in ("ConfigError", "DatabaseUnavailable", "LeaseLost", "PayloadError"):
+    for name in (
+        "ConfigError",
+        "DatabaseUnavailable",
+        "LeaseLost",
+        "PayloadError",
+        "JobFailed",
+        "JobCancelled",
+        "JobStateError",
+        "UnknownJob",
+        "UnknownQueue",
+    ):
         assert issubclass(getattr(skiplock, name), skiplock.SkiplockError)
+
+
+# The tools' way in (see tests/unit/test_layering.py): small modules, each pinned too.
+TOOL_MODULES = {
+    "skiplock.connect": {
+        "check_dsn",
+        "embedded_data_dir",
+        "embedded_dsn",
+        "redact_dsn",
+        "resolve_dsn",
+        "server_dsn",
+    },
+    "skiplock.sqlfiles": {"Statements", "load_named", "parse_named", "statements"},
+    "skiplock.cli": {"main"},
+    "skiplock.cli.common": {
+        "dsn_option",
+        "echo_json",
+        "json_option",
+        "schema_option",
+        "user_errors",
+    },
+}
+
+
+@pytest.mark.parametrize("module", sorted(TOOL_MODULES))
+def test_tool_modules_all_is_pinned(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == TOOL_MODULES[module]
+    for name in mod.__all__:
+        assert hasattr(mod, name), name

@@ -18,9 +18,20 @@ from skiplock._roles import plan_roles, roles_script
 from skiplock._sql import statements
 
 # Who runs each named statement of queries.sql.  A new statement must be placed here.
-PRODUCER = {"enqueue", "enqueue_rows", "find_by_keys", "reserve_ids", "copy_jobs", "copy_jobs_at"}
+PRODUCER = {
+    "enqueue",
+    "enqueue_rows",
+    "find_by_keys",
+    "reserve_ids",
+    "copy_jobs",
+    "copy_jobs_at",
+    "watch",
+    "job_state",
+}
 WORKER = {
     "claim",
+    "lock_queue",
+    "claim_limited",
     "complete",
     "fail",
     "heartbeat",
@@ -31,7 +42,17 @@ WORKER = {
     "cancel",
     "status",
 }
-OWNER = {"prune"}  # retention deletes; it runs as the schema's owner
+# Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
+OWNER = {
+    "prune",
+    "configure_queue",
+    "set_paused",
+    "queue_settings",
+    "list_jobs",
+    "requeue",
+    "delete_job",
+    "throughput",
+}
 
 
 def parsed(name: str) -> Any:
@@ -56,13 +77,15 @@ def _returning(stmt: Any) -> Any:
     return getattr(stmt, "returningClause", None) or getattr(stmt, "returningList", None)
 
 
-def grants() -> dict[tuple[str, str], set[str]]:
-    """{(role kind, privilege): columns} of the table grants on jobs; '*' for all."""
+def grants(table: str = "jobs") -> dict[tuple[str, str], set[str]]:
+    """{(role kind, privilege): columns} of the grants on ``table``; '*' for all."""
     out: dict[tuple[str, str], set[str]] = {}
     for title, stmt in plan_roles("s", producer="p", worker="w").statements:
         for raw in parse_sql(stmt.as_string(None)):
             g = raw.stmt
             if not isinstance(g, ast.GrantStmt) or g.objtype != ObjectType.OBJECT_TABLE:
+                continue
+            if {o.relname for o in g.objects} != {table}:
                 continue
             kind = "producer" if "producer" in title else "worker"
             for priv in g.privileges:
@@ -71,23 +94,38 @@ def grants() -> dict[tuple[str, str], set[str]]:
     return out
 
 
+def _targets(stmt: Any) -> Iterator[tuple[str, set[str]]]:
+    """(table, columns set) of every UPDATE in a statement, data-modifying CTEs too."""
+    for node in walk(stmt):
+        if isinstance(node, ast.UpdateStmt):
+            yield node.relation.relname, {t.name for t in node.targetList}
+
+
 def test_every_statement_has_an_owner() -> None:
     assert set(statements("s").names()) == PRODUCER | WORKER | OWNER
 
 
 def test_worker_update_grant_is_exactly_what_the_worker_sets() -> None:
-    sets: set[str] = set()
+    sets: dict[str, set[str]] = {"jobs": set(), "queues": set()}
     for name in WORKER:
-        stmt = parsed(name)
-        if isinstance(stmt, ast.UpdateStmt):
-            sets |= {t.name for t in stmt.targetList}
-    assert grants()[("worker", "update")] == sets
+        for table, cols in _targets(parsed(name)):
+            sets[table] |= cols
+    assert grants()[("worker", "update")] == sets["jobs"]
     assert grants()[("worker", "select")] == {"*"}  # a claim returns the whole row
     assert set(grants()) == {("worker", "update"), ("worker", "select"), *producer_keys()}
+    assert grants("queues") == {("worker", "select"): {"*"}, ("worker", "update"): sets["queues"]}
+
+
+def test_producer_update_grant_is_exactly_what_wait_sets() -> None:
+    sets: set[str] = set()
+    for name in PRODUCER:
+        for _table, cols in _targets(parsed(name)):
+            sets |= cols
+    assert grants()[("producer", "update")] == sets == {"notify_finish"}
 
 
 def producer_keys() -> set[tuple[str, str]]:
-    return {("producer", "insert"), ("producer", "select")}
+    return {("producer", "insert"), ("producer", "select"), ("producer", "update")}
 
 
 def test_producer_insert_grant_is_exactly_what_enqueue_writes() -> None:
@@ -113,7 +151,11 @@ def test_producer_select_grant_is_exactly_what_enqueue_reads() -> None:
             }
             if stmt.onConflictClause is not None:
                 read |= {e.name for e in stmt.onConflictClause.infer.indexElems}
-        elif isinstance(stmt, ast.SelectStmt) and name == "find_by_keys":
+        elif isinstance(stmt, ast.UpdateStmt):  # watch: its RETURNING
+            read |= {
+                n.fields[-1].sval for n in walk(_returning(stmt)) if isinstance(n, ast.ColumnRef)
+            }
+        elif isinstance(stmt, ast.SelectStmt) and name in ("find_by_keys", "job_state"):
             read |= {
                 n.fields[-1].sval
                 for n in walk(stmt)

@@ -4,9 +4,9 @@
 """
 
 from ._engine import AuditResult, Finding, Related, audit_paths, audit_python, audit_sql
-from ._extract import Problem
 from ._report import render
 from ._rules import RULES, Rule
+from ._source import Problem
 
 __all__ = [
     "RULES",

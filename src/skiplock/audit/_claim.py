@@ -28,12 +28,13 @@ from typing import Any
 
 from pglast import ast, enums
 
-from skiplock._errors import SkiplockError
+from skiplock import SkiplockError
 
 from ._engine import Statement
-from ._extract import Extracted, SqlText, extract_file
+from ._extract import extract_file
 from ._lexer import FORMAT_PREFIX, split_statements, tokenize
 from ._model import SelectFacts, StatementFacts, pick_of, statement_facts, walk
+from ._source import Extracted, SqlText
 
 __all__ = [
     "ClaimPlan",

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import click
 
-from skiplock._cli_common import dsn_option
-from skiplock._errors import SkiplockError
+from skiplock import SkiplockError
+from skiplock.cli.common import dsn_option
 
 from ._engine import AuditResult
 from ._engine import audit as run_audit
-from ._extract import Extracted, Problem, discover, extract_file, extract_text
+from ._extract import discover, extract_file, extract_text
 from ._report import render
 from ._rules import RULES
+from ._source import Extracted, Problem
 
 __all__ = ["audit", "collect", "run_experiment_command", "run_static"]
 
@@ -266,18 +267,12 @@ def run_experiment_command(
     A problem (a bad DSN, a file that does not parse, a claim that fails on the schema)
     is one line on stderr and status 2, never a traceback.
     """
-    from skiplock._config import check_dsn, resolve_dsn
+    from skiplock.connect import server_dsn
 
     from ._experiment import run_experiment
 
     try:
-        resolved = resolve_dsn(dsn)
-        if resolved is not None:
-            server = check_dsn(resolved)
-        else:
-            from skiplock._embedded import embedded_dsn
-
-            server = embedded_dsn()
+        server = server_dsn(dsn)
         result = run_experiment(
             server,
             schema_file,

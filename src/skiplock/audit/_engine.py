@@ -15,18 +15,13 @@ import pglast
 from pglast import ast
 from pglast.stream import RawStream
 
-from ._extract import (
-    Extracted,
-    Problem,
-    SqlText,
-    discover,
-    extract_file,
-    extract_text,
-    suppressed_ids,
-)
+from ._checks import Hit, check_statement, check_unit, looks_like_queue
+from ._extract import discover, extract_file, extract_text
 from ._lexer import Chunk, Token, normalize, split_statements, tokenize
 from ._model import StatementFacts, statement_facts, walk
-from ._rules import RULES, Hit, Rule, check_statement, check_unit, looks_like_queue
+from ._python import extract_python
+from ._rules import RULES, Rule
+from ._source import Extracted, Problem, SqlText, suppressed_ids
 
 __all__ = [
     "AuditResult",
@@ -281,8 +276,6 @@ def audit_sql(text: str, path: str = "<sql>") -> AuditResult:
 
 def audit_python(text: str, path: str = "<python>") -> AuditResult:
     """Audit the SQL embedded in Python source text."""
-    from ._python import extract_python
-
     return audit(extract_python(text, path))
 
 

@@ -15,8 +15,8 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ._extract import Extracted, PositionTable, Problem, SqlText, Unit, suppressed_ids
 from ._lexer import tokenize as sql_tokens
+from ._source import Extracted, PositionTable, Problem, SqlText, Unit, suppressed_ids
 
 __all__ = ["EXECUTE_LIKE", "extract_python"]
 

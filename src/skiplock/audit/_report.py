@@ -9,8 +9,8 @@ from typing import Any
 from urllib.parse import quote
 
 from ._engine import AuditResult, Finding
-from ._extract import Problem
 from ._rules import RULES
+from ._source import Problem
 
 __all__ = ["render", "render_json", "render_sarif", "render_text"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from skiplock._cli_common import dsn_option, echo_json, json_option, user_errors
+from skiplock.cli.common import dsn_option, echo_json, json_option, user_errors
 
 from ._faults import FAULTS
 from ._run import ChaosConfig, run_chaos

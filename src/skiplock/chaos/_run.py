@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import random
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,8 +40,8 @@ from ._faults import (
     vacuum,
     wait_until,
 )
+from ._fleet import ProcessFleet
 from ._history import ALLOWED_CAUSES, CheckResult, HistoryWriter, check, load_history
-from ._proc import worker_name
 from ._proxy import ChaosProxy, proxied_dsn, upstream_of
 
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
@@ -193,97 +189,6 @@ class ChaosReport:
         }
 
 
-@dataclass(eq=False)
-class _Proc:
-    slot: int
-    popen: subprocess.Popen[bytes]
-    name: str
-    paused: bool = False
-    busy: bool = False
-    expected_exit: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-
-class _Fleet:
-    """The worker processes; a killed or crashed one is replaced in its slot."""
-
-    def __init__(self, spec: dict[str, Any], history_dir: Path, history: HistoryWriter) -> None:
-        self.spec = spec
-        self.dir = history_dir
-        self.history = history
-        self.procs: dict[int, _Proc] = {}
-        self.lock = threading.Lock()
-        self.exits = 0
-
-    def spawn(self, slot: int) -> _Proc:
-        cfg = json.dumps({**self.spec, "slot": slot})
-        log = (self.dir / f"worker-slot{slot}.log").open("ab")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "skiplock.chaos._proc", cfg],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
-        proc = _Proc(slot, popen, worker_name(self.spec["run_id"], slot, popen.pid))
-        self.procs[slot] = proc
-        self.history.write({"ev": "fault", "f": "spawn", "pid": proc.pid, "w": proc.name})
-        return proc
-
-    def names(self) -> list[str]:
-        with self.lock:
-            return [p.name for p in self.procs.values()]
-
-    def acquire(self, names: set[str]) -> _Proc | None:
-        with self.lock:
-            free = [p for p in self.procs.values() if p.name in names and not p.busy]
-            if not free:
-                return None
-            proc = random.choice(free)
-            proc.busy = True
-            return proc
-
-    def release(self, proc: Any) -> None:
-        with self.lock:
-            proc.busy = False
-
-    def killed(self, proc: Any) -> None:
-        with self.lock:
-            proc.expected_exit = True
-            proc.popen.wait()
-            self.spawn(proc.slot)
-
-    def check(self) -> None:
-        """Replace any worker that exited on its own: that is a crash, and it is counted."""
-        with self.lock:
-            for slot, p in list(self.procs.items()):
-                code = p.popen.poll()
-                if code is not None and not p.expected_exit:
-                    self.exits += 1
-                    self.history.write({"ev": "fault", "f": "exit", "pid": p.pid, "code": code})
-                    logger.warning("worker %s exited with %s; replacing it", p.name, code)
-                    self.spawn(slot)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        with self.lock:
-            procs = list(self.procs.values())
-            for p in procs:
-                p.expected_exit = True
-                with contextlib.suppress(ProcessLookupError):
-                    p.popen.send_signal(signal.SIGCONT)
-                    p.popen.send_signal(signal.SIGTERM)
-        end = time.monotonic() + timeout
-        for p in procs:
-            try:
-                p.popen.wait(max(end - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait()
-
-
 class _Producer(threading.Thread):
     """Enqueues ``rate`` jobs a second, alternating COPY batches and single inserts."""
 
@@ -383,7 +288,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     """Run producers, workers and the faults of ``cfg``, then drain and check."""
     cfg.validate()
     run = _Run(cfg, progress)
-    from skiplock._config import redact_dsn, resolve_dsn
+    from skiplock.connect import redact_dsn, server_dsn
 
     cluster: ScratchCluster | None = None
     tmp = Path(cfg.keep_history or tempfile.mkdtemp(prefix="skiplock-chaos-history-"))
@@ -392,7 +297,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     hist_dir.mkdir(parents=True, exist_ok=True)
     run.history = HistoryWriter(hist_dir / "driver.jsonl")
     proxy: ChaosProxy | None = None
-    fleet: _Fleet | None = None
+    fleet: ProcessFleet | None = None
     ctx: FaultContext | None = None
     try:
         if cfg.needs_scratch:
@@ -404,12 +309,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             run.progress("starting a scratch cluster")
             run.dsn = cluster.start()
         else:
-            resolved = resolve_dsn(cfg.dsn)
-            if resolved is None:
-                from skiplock._embedded import embedded_dsn
-
-                resolved = embedded_dsn()
-            run.dsn = resolved
+            run.dsn = server_dsn(cfg.dsn)
         admin = Queue(run.dsn, schema=run.schema, application_name=f"chaos-admin:{run.run_id}")
         admin.migrate()
         admin.close()
@@ -428,7 +328,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "job_timeout": cfg.job_timeout,
             "synchronous_commit": cfg.synchronous_commit,
         }
-        fleet = _Fleet(spec, hist_dir, run.history)
+        fleet = ProcessFleet(spec, hist_dir, run.history)
         ctx = FaultContext(
             dsn=run.dsn,
             schema=run.schema,
@@ -460,7 +360,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _drive(run: _Run, fleet: _Fleet, ctx: FaultContext) -> ChaosReport:
+def _drive(run: _Run, fleet: ProcessFleet, ctx: FaultContext) -> ChaosReport:
     cfg = run.cfg
     with fleet.lock:
         for slot in range(cfg.workers):
@@ -614,7 +514,7 @@ def _fault_loop(
             delay = interval
 
 
-def _hold(fleet: _Fleet, seconds: float) -> None:
+def _hold(fleet: ProcessFleet, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         fleet.check()

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from skiplock._cli_common import dsn_option, echo_json, json_option, user_errors
+from skiplock.cli.common import dsn_option, echo_json, json_option, user_errors
 from skiplock.lab import DEFAULT_STRATEGY, STRATEGIES
 
 from ._run import DemoConfig, DemoResult, run_demo

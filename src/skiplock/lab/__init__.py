@@ -7,13 +7,12 @@ none of these.  The lab uses skiplock's public API plus its own SQL; the core kn
 nothing of it.
 """
 
+from ._permutations import Permutation, SpecStep, run_permutation
 from ._race import Drain, RaceError, RaceResult, race_prepared, race_strategy, run_race
 from ._replay import SCHEDULES, Timeline, replay, replay_prepared
 from ._steps import (
     Event,
-    Permutation,
     Session,
-    SpecStep,
     StepBlocked,
     StepDriver,
     StepError,
@@ -21,7 +20,6 @@ from ._steps import (
     StepNotBlocked,
     StepResult,
     StepTimeout,
-    run_permutation,
 )
 from ._strategies import (
     DEFAULT_STRATEGY,

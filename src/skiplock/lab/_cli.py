@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from skiplock._cli_common import dsn_option, echo_json, json_option, user_errors
-from skiplock._config import check_dsn, resolve_dsn
+from skiplock.cli.common import dsn_option, echo_json, json_option, user_errors
+from skiplock.connect import server_dsn
 
 from ._race import RaceResult, run_race
 from ._replay import replay
@@ -32,15 +32,6 @@ def _strategies(value: str) -> list[str]:
         )
     # A strategy named twice would only be raced twice under one key.
     return list(dict.fromkeys(names))
-
-
-def _dsn(dsn: str | None) -> str:
-    resolved = resolve_dsn(dsn)
-    if resolved is not None:
-        return check_dsn(resolved)
-    from skiplock._embedded import embedded_dsn
-
-    return embedded_dsn()
 
 
 def _table(results: dict[str, RaceResult]) -> Any:
@@ -214,7 +205,7 @@ def race(
     names = _strategies(strategy_list)
     if do_replay and (plot_path or processes):
         raise click.UsageError("--replay drives two sessions; --plot and --processes do not apply")
-    server = _dsn(dsn)
+    server = server_dsn(dsn)
     if do_replay:
         timelines = {n: replay(server, n, jobs=jobs or 10, limit=batch or 3) for n in names}
         if as_json:

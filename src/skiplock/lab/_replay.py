@@ -369,48 +369,10 @@ def replay_prepared(
     with StepDriver(dsn, timeout=timeout, application_name=application_name) as d:
         run = _Replayer(d, strategy, schema, limit)
         if hold is not None:
-            holds = _held(run, hold, timeout)
-            events = list(d.events)
-            return Timeline(
-                strategy.name,
-                jobs,
-                limit,
-                events,
-                holds,
-                strategy.begin_sql(),
-                "B held",
-                released_at_commit,
-            )
-        a, b = d.session("A"), d.session("B")
-        a.run(strategy.begin_sql(), label="BEGIN")
-        held_a = run.claim(a) or []
-        a_open = True
-
-        def commit_a() -> None:
-            nonlocal a_open
-            run.finish(a, held_a)
-            a_open = False
-
-        held_b: list[int] = []
-        attempts = 0
-        while True:
-            attempts += 1
-            b.run(strategy.begin_sql(), label="BEGIN")
-            got = run.claim(b, on_block=commit_a if a_open else None)
-            if got is not None:
-                held_b = got
-                break
-            failed = d.events[-1]  # the failed step, recorded before the ROLLBACK
-            b.run("ROLLBACK")
-            retryable = strategy.retry_serialization and _is_serialization(failed)
-            if not retryable or attempts > 3:
-                break
-        if a_open:
-            commit_a()
-        if held_b or b.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            run.finish(b, held_b)
+            holds, schedule = _held(run, hold, timeout), "B held"
+        else:
+            holds, schedule = _a_then_b(d, run, strategy), "A first"
         events = list(d.events)
-    holds = {"A": held_a, "B": held_b}
     return Timeline(
         strategy.name,
         jobs,
@@ -418,8 +380,42 @@ def replay_prepared(
         events,
         holds,
         strategy.begin_sql(),
-        released_at_commit=released_at_commit,
+        schedule,
+        released_at_commit,
     )
+
+
+def _a_then_b(d: StepDriver, run: _Replayer, strategy: Strategy) -> dict[str, list[int]]:
+    """A begins and claims; B claims; if B is blocked, A commits; B returns."""
+    a, b = d.session("A"), d.session("B")
+    a.run(strategy.begin_sql(), label="BEGIN")
+    held_a = run.claim(a) or []
+    a_open = True
+
+    def commit_a() -> None:
+        nonlocal a_open
+        run.finish(a, held_a)
+        a_open = False
+
+    held_b: list[int] = []
+    attempts = 0
+    while True:
+        attempts += 1
+        b.run(strategy.begin_sql(), label="BEGIN")
+        got = run.claim(b, on_block=commit_a if a_open else None)
+        if got is not None:
+            held_b = got
+            break
+        failed = d.events[-1]  # the failed step, recorded before the ROLLBACK
+        b.run("ROLLBACK")
+        retryable = strategy.retry_serialization and _is_serialization(failed)
+        if not retryable or attempts > 3:
+            break
+    if a_open:
+        commit_a()
+    if held_b or b.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        run.finish(b, held_b)
+    return {"A": held_a, "B": held_b}
 
 
 def _is_serialization(event: Event) -> bool:

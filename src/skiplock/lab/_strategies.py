@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 import psycopg
@@ -27,7 +26,7 @@ from psycopg import IsolationLevel, sql
 from psycopg import errors as pgerrors
 
 from skiplock import Queue
-from skiplock._sql import parse_named, statements
+from skiplock.sqlfiles import load_named, statements
 
 from ._steps import Query
 
@@ -55,8 +54,7 @@ ParamsFn = Callable[["ClaimContext", Sequence[int]], Mapping[str, Any]]
 
 @functools.cache
 def _lab_texts() -> dict[str, str]:
-    text = resources.files("skiplock.lab").joinpath("sql", "strategies.sql").read_text("utf-8")
-    return parse_named(text)
+    return load_named("skiplock.lab", "sql", "strategies.sql")
 
 
 def lab_statement(name: str, schema: str) -> sql.Composed:

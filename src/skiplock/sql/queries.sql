@@ -1,6 +1,7 @@
 -- skiplock's named statements.  Each block starts with "-- name: <name>"; the loader in
--- _sql.py splits on those headers.  {schema} is filled with a quoted identifier by
--- psycopg.sql; every value is a bound parameter.
+-- _sql.py splits on those headers.  {schema} is filled with a quoted identifier and
+-- {channel} with the schema's NOTIFY channel as a literal, by psycopg.sql; every value
+-- is a bound parameter.
 --
 -- The correctness argument lives in three statements: `claim` (who may take a job),
 -- the fence clause shared by `complete`, `fail`, `heartbeat` and `release` (who may
@@ -12,79 +13,188 @@
 -- planner from inlining the CTE and evaluating LIMIT against the join.  The UPDATE
 -- re-checks status on the target row itself: that is the check the postmortem's
 -- subquery claim lacked.  The fresh lease_token is the fence for every later write.
-WITH picked AS MATERIALIZED (
+-- The queue's row in `queues` (if any) is read first: a paused queue gives nothing,
+-- and a limited one gives nothing here either but says so (queue_limited), and the
+-- caller takes the locked path, `claim_limited`.  The LEFT JOIN returns that one row
+-- even when nothing was claimed.
+WITH cfg AS MATERIALIZED (
+    SELECT coalesce(bool_or(q.paused), false) AS paused,
+           coalesce(bool_or(q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL),
+                    false) AS limited,
+           coalesce(bool_and(q.store_results), true) AS store_results
+    FROM {schema}.queues AS q
+    WHERE q.name = %(queue)s
+),
+picked AS MATERIALIZED (
+    SELECT id
+    FROM {schema}.jobs
+    WHERE status = 'pending'
+      AND queue = %(queue)s
+      AND run_at <= now()
+      AND NOT (SELECT paused OR limited FROM cfg)
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status       = 'running',
+        worker       = %(worker)s,
+        started_at   = now(),
+        finished_at  = NULL,
+        locked_until = now() + make_interval(secs => %(lease)s),
+        attempts     = j.attempts + 1,
+        lease_token  = gen_random_uuid()
+    FROM picked
+    WHERE j.id = picked.id
+      AND j.status = 'pending'
+    RETURNING j.*
+)
+SELECT claimed.*, cfg.limited AS queue_limited, cfg.store_results AS store_result
+FROM cfg LEFT JOIN claimed ON true;
+
+-- name: lock_queue
+-- The locked path of a limited queue, inside one transaction: this row lock makes the
+-- claims of that queue take turns, so the count of running jobs that `claim_limited`
+-- reads (a new statement, so a new snapshot at READ COMMITTED) includes every claim
+-- committed before ours.  Counting in the claim statement alone would read a snapshot
+-- from before the lock wait: the postmortem's race, one level up.
+SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
+
+-- name: claim_limited
+-- Like `claim`, for a queue with a concurrency or rate limit, run after `lock_queue`
+-- in the same transaction.  It takes at most: the concurrency limit minus the queue's
+-- running jobs, and the whole tokens of the rate bucket (refilled at rate_limit per
+-- second up to rate_burst, default one second's worth and at least 1); then it spends
+-- the tokens it used.  Sub-statements share one snapshot, and the queue row is ours.
+-- Times are statement_timestamp(), not now(): now() is when the transaction began,
+-- before the wait for the queue row, and the bucket must refill by the time that
+-- actually passed between turns.
+WITH cfg AS MATERIALIZED (
+    SELECT q.paused, q.concurrency_limit, q.rate_limit, q.store_results,
+           CASE WHEN q.rate_limit IS NULL THEN NULL ELSE
+               least(coalesce(q.rate_burst, greatest(q.rate_limit, 1)),
+                     q.rate_tokens + q.rate_limit
+                         * extract(epoch FROM statement_timestamp() - coalesce(
+                               q.rate_refilled_at, statement_timestamp() - interval '1 day')))
+           END AS tokens
+    FROM {schema}.queues AS q
+    WHERE q.name = %(queue)s
+),
+allowed AS MATERIALIZED (
+    SELECT CASE WHEN cfg.paused THEN 0 ELSE greatest(0, least(
+               %(limit)s::bigint,
+               cfg.concurrency_limit - (SELECT count(*) FROM {schema}.jobs AS r
+                                        WHERE r.status = 'running' AND r.queue = %(queue)s),
+               floor(cfg.tokens)::bigint)) END AS n
+    FROM cfg
+),
+picked AS MATERIALIZED (
     SELECT id
     FROM {schema}.jobs
     WHERE status = 'pending'
       AND queue = %(queue)s
       AND run_at <= now()
     ORDER BY priority, run_at, id
-    LIMIT %(limit)s
+    LIMIT (SELECT coalesce(max(n), 0) FROM allowed)
     FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.jobs AS j
+    SET status       = 'running',
+        worker       = %(worker)s,
+        started_at   = statement_timestamp(),
+        finished_at  = NULL,
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        attempts     = j.attempts + 1,
+        lease_token  = gen_random_uuid()
+    FROM picked
+    WHERE j.id = picked.id
+      AND j.status = 'pending'
+    RETURNING j.*
+),
+spent AS (
+    UPDATE {schema}.queues AS q
+    SET rate_tokens      = cfg.tokens - (SELECT count(*) FROM claimed),
+        rate_refilled_at = statement_timestamp()
+    FROM cfg
+    WHERE q.name = %(queue)s
+      AND cfg.tokens IS NOT NULL
 )
-UPDATE {schema}.jobs AS j
-SET status       = 'running',
-    worker       = %(worker)s,
-    started_at   = now(),
-    finished_at  = NULL,
-    locked_until = now() + make_interval(secs => %(lease)s),
-    attempts     = j.attempts + 1,
-    lease_token  = gen_random_uuid()
-FROM picked
-WHERE j.id = picked.id
-  AND j.status = 'pending'
-RETURNING j.*;
+SELECT claimed.*, true AS queue_limited, cfg.store_results AS store_result
+FROM claimed, cfg;
 
 -- name: complete
 -- Fenced: only the holder of the current lease token of a running job may finish it.
--- A lease that ran out still completes if nobody swept or re-claimed the job.
-UPDATE {schema}.jobs AS j
-SET status       = 'done',
-    finished_at  = now(),
-    locked_until = NULL,
-    completions  = j.completions + 1  -- verify's record; the fence keeps it at 1
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
-WHERE j.id = f.id
-  AND j.lease_token = f.token
-  AND j.status = 'running'
-RETURNING j.id;
+-- A lease that ran out still completes if nobody swept or re-claimed the job.  A job
+-- whose cancel was asked while it ran ends `cancelled`: done is never written over a
+-- cancel.  Someone waiting on the job (notify_finish) is told; nobody else pays for a
+-- NOTIFY.
+WITH finished AS (
+    UPDATE {schema}.jobs AS j
+    SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
+        finished_at  = now(),
+        locked_until = NULL,
+        result       = f.result::jsonb,
+        completions  = j.completions + 1  -- verify's record; the fence keeps it at 1
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[])
+         AS f(id, token, result)
+    WHERE j.id = f.id
+      AND j.lease_token = f.token
+      AND j.status = 'running'
+    RETURNING j.id, j.status, j.notify_finish
+)
+SELECT id, status,
+       CASE WHEN notify_finish THEN pg_notify({channel}, 'finished:' || id) END AS notified
+FROM finished;
 
 -- name: fail
 -- Fenced like `complete`.  While attempts remain and a retry is wanted, the job goes
--- back to pending at now() + delay; otherwise it ends failed.  The attempt counter on
--- the row decides, not the caller's copy of it.
-UPDATE {schema}.jobs AS j
-SET status       = CASE WHEN f.retry AND j.attempts < j.max_attempts
-                        THEN 'pending' ELSE 'failed' END,
-    run_at       = CASE WHEN f.retry AND j.attempts < j.max_attempts
-                        THEN now() + make_interval(secs => f.delay) ELSE j.run_at END,
-    finished_at  = CASE WHEN f.retry AND j.attempts < j.max_attempts
-                        THEN NULL ELSE now() END,
-    locked_until = NULL,
-    last_error   = coalesce(f.error, j.last_error),
-    handback_token = f.token  -- proof for a retry after a lost reply (fence_outcome)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[],
-            %(delays)s::float8[], %(retries)s::bool[]) AS f(id, token, error, delay, retry)
-WHERE j.id = f.id
-  AND j.lease_token = f.token
-  AND j.status = 'running'
-RETURNING j.id, j.status;
+-- back to pending at now() + delay; otherwise it ends failed (cancelled, if a cancel
+-- was asked).  The attempt counter on the row decides, not the caller's copy of it.
+WITH handed AS (
+    UPDATE {schema}.jobs AS j
+    SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
+                            WHEN f.retry AND j.attempts < j.max_attempts THEN 'pending'
+                            ELSE 'failed' END,
+        run_at       = CASE WHEN f.retry AND j.attempts < j.max_attempts
+                                 AND NOT j.cancel_requested
+                            THEN now() + make_interval(secs => f.delay) ELSE j.run_at END,
+        finished_at  = CASE WHEN f.retry AND j.attempts < j.max_attempts
+                                 AND NOT j.cancel_requested
+                            THEN NULL ELSE now() END,
+        locked_until = NULL,
+        last_error   = coalesce(f.error, j.last_error),
+        handback_token = f.token  -- proof for a retry after a lost reply (fence_outcome)
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[],
+                %(delays)s::float8[], %(retries)s::bool[]) AS f(id, token, error, delay, retry)
+    WHERE j.id = f.id
+      AND j.lease_token = f.token
+      AND j.status = 'running'
+    RETURNING j.id, j.status, j.notify_finish
+)
+SELECT id, status,
+       CASE WHEN notify_finish AND status <> 'pending'
+            THEN pg_notify({channel}, 'finished:' || id) END AS notified
+FROM handed;
 
 -- name: heartbeat
 -- Fenced lease extension.  Row locks taken here make a concurrent sweep skip the row.
+-- It also carries a cancel asked since the last beat back to the worker.
 UPDATE {schema}.jobs AS j
 SET locked_until = now() + make_interval(secs => %(lease)s)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
-RETURNING j.id, j.locked_until;
+RETURNING j.id, j.locked_until, j.cancel_requested;
 
 -- name: release
--- Fenced hand-back of a claimed job that never started: pending again at once, and the
--- attempt the claim counted is given back.
+-- Fenced hand-back of a claimed job that never started: pending again at once (or
+-- cancelled, if that was asked), and the attempt the claim counted is given back.
 UPDATE {schema}.jobs AS j
-SET status       = 'pending',
+SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+    finished_at  = CASE WHEN j.cancel_requested THEN now() END,
     attempts     = greatest(j.attempts - 1, 0),
     worker       = NULL,
     started_at   = NULL,
@@ -110,9 +220,10 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 -- Leases that ran out go back to pending, claimable at once and in their old place
 -- (run_at is kept, and was due when the job was claimed): a dead worker is not the
 -- job's fault, but the attempt it spent still counts, and a job that has used all its
--- attempts ends failed.  SKIP LOCKED: rows being heartbeated or swept by another worker
--- are left alone, so every worker can sweep at once with no leader.  Clearing the
--- status kills the old lease token: the fence needs status = 'running'.
+-- attempts ends failed (a job whose cancel was asked ends cancelled).  SKIP LOCKED:
+-- rows being heartbeated or swept by another worker are left alone, so every worker
+-- can sweep at once with no leader.  Clearing the status kills the old lease token:
+-- the fence needs status = 'running'.
 WITH expired AS MATERIALIZED (
     SELECT id
     FROM {schema}.jobs
@@ -123,8 +234,10 @@ WITH expired AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs AS j
-SET status       = CASE WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
-    finished_at  = CASE WHEN j.attempts < j.max_attempts THEN NULL ELSE now() END,
+SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
+    finished_at  = CASE WHEN j.attempts < j.max_attempts AND NOT j.cancel_requested
+                        THEN NULL ELSE now() END,
     locked_until = NULL,
     last_error   = 'lease expired on worker ' || coalesce(j.worker, '?')
                    || ' during attempt ' || j.attempts || ' of ' || j.max_attempts
@@ -179,12 +292,22 @@ FROM STDIN;
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: cancel
--- Pending jobs end at once; a running job's lease is revoked, so its worker's next
--- heartbeat or completion raises LeaseLost.
-UPDATE {schema}.jobs
-SET status = 'cancelled', finished_at = now(), locked_until = NULL
-WHERE id = %(id)s AND status IN ('pending', 'running')
-RETURNING id;
+-- A pending job ends cancelled at once.  A running job is asked to stop: its worker
+-- sees the request at its next heartbeat (sooner: the NOTIFY below wakes it to beat
+-- at once), and its fenced write then ends the job cancelled, never done.
+WITH asked AS (
+    UPDATE {schema}.jobs
+    SET status           = CASE WHEN status = 'pending' THEN 'cancelled' ELSE status END,
+        finished_at      = CASE WHEN status = 'pending' THEN now() ELSE finished_at END,
+        cancel_requested = true
+    WHERE id = %(id)s
+      AND status IN ('pending', 'running')
+    RETURNING id, status, notify_finish
+)
+SELECT id, status,
+       CASE WHEN status = 'running' THEN pg_notify({channel}, 'cancel:' || id)
+            WHEN notify_finish THEN pg_notify({channel}, 'finished:' || id) END AS notified
+FROM asked;
 
 -- name: prune
 -- Retention in small batches: short transactions, no long locks, little WAL at once.
@@ -196,10 +319,14 @@ WITH doomed AS MATERIALIZED (
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM {schema}.jobs AS j
+    USING doomed
+    WHERE j.id = doomed.id
+    RETURNING 1
 )
-DELETE FROM {schema}.jobs AS j
-USING doomed
-WHERE j.id = doomed.id;
+SELECT count(*) AS n FROM gone;
 
 -- name: status
 SELECT queue,
@@ -212,3 +339,92 @@ SELECT queue,
 FROM {schema}.jobs
 GROUP BY queue, status
 ORDER BY queue, status;
+
+-- name: job_state
+SELECT id, queue, status, result, last_error, attempts, max_attempts
+FROM {schema}.jobs
+WHERE id = %(id)s;
+
+-- name: watch
+-- `wait` registers itself on the row before it waits, so the final write notifies.
+-- The row lock orders this against the worker's write: whichever commits second sees
+-- the other's change, so a finish is never missed.
+UPDATE {schema}.jobs
+SET notify_finish = true
+WHERE id = %(id)s
+RETURNING id, queue, status, result, last_error, attempts, max_attempts;
+
+-- name: configure_queue
+-- Settings of a queue, created if missing.  A NULL argument leaves that setting as it
+-- is; `clear_*` removes a limit.  A new bucket starts full (rate_burst tokens).
+INSERT INTO {schema}.queues AS q (name, concurrency_limit, rate_limit, rate_burst,
+                                  store_results)
+VALUES (%(queue)s, %(concurrency)s, %(rate)s, %(burst)s, coalesce(%(store_results)s, true))
+ON CONFLICT (name) DO UPDATE
+SET concurrency_limit = CASE WHEN %(clear_concurrency)s THEN NULL
+                             ELSE coalesce(excluded.concurrency_limit, q.concurrency_limit) END,
+    rate_limit        = CASE WHEN %(clear_rate)s THEN NULL
+                             ELSE coalesce(excluded.rate_limit, q.rate_limit) END,
+    rate_burst        = CASE WHEN %(clear_rate)s THEN NULL
+                             ELSE coalesce(excluded.rate_burst, q.rate_burst) END,
+    store_results     = coalesce(%(store_results)s, q.store_results),
+    updated_at        = now()
+RETURNING name, paused, concurrency_limit, rate_limit, rate_burst, store_results;
+
+-- name: set_paused
+-- Pause or resume a queue that exists: one with settings or with jobs.  An unknown
+-- name returns no row (a typo is reported, not silently paused).
+INSERT INTO {schema}.queues AS q (name, paused)
+SELECT %(queue)s, %(paused)s
+WHERE EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s)
+   OR EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+RETURNING name, paused;
+
+-- name: queue_settings
+SELECT name, paused, concurrency_limit, rate_limit, rate_burst, store_results, updated_at
+FROM {schema}.queues
+ORDER BY name;
+
+-- name: list_jobs
+-- Newest first, a page at a time (keyset on id: no OFFSET scan); NULL filters match all.
+SELECT id, queue, status, priority, attempts, max_attempts, worker, run_at, created_at,
+       started_at, finished_at, locked_until, cancel_requested,
+       left(last_error, 200) AS last_error_head
+FROM {schema}.jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: requeue
+-- An operator's retry of a finished job: pending again at once with fresh attempts.
+-- Not for a running job (its lease holder would be overridden: cancel it first).  The
+-- completion counter is kept, so `verify` still sees a job that was done more than once.
+UPDATE {schema}.jobs
+SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+    started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
+    result = NULL
+WHERE id = %(id)s
+  AND status IN ('done', 'failed', 'cancelled')
+RETURNING id, status;
+
+-- name: delete_job
+-- Delete a job that is not running (a running one has a lease holder: cancel first).
+DELETE FROM {schema}.jobs
+WHERE id = %(id)s
+  AND status <> 'running'
+RETURNING id, status;
+
+-- name: throughput
+-- Jobs finished per bucket of `bucket` seconds over the last `window` seconds, per queue
+-- and final status: the dashboard's chart.  Reads jobs_finished_idx.
+SELECT queue, status,
+       to_timestamp(floor(extract(epoch FROM finished_at) / %(bucket)s) * %(bucket)s) AS at,
+       count(*) AS jobs
+FROM {schema}.jobs
+WHERE status IN ('done', 'failed', 'cancelled')
+  AND finished_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2, 3
+ORDER BY 3, 1, 2;

@@ -32,15 +32,19 @@ ALTER ROLE {role} PASSWORD {password};
 -- name: grant_producer
 -- Enqueue only.  INSERT on the columns enqueue, enqueue_many and its COPY write (not
 -- status, worker or lease_token: a producer cannot plant a running or finished job);
--- SELECT on the three columns the idempotency-key lookup and RETURNING id read (not the
--- payloads of other jobs); USAGE on the id sequence for reserve_ids' nextval.  The
+-- SELECT on the columns the idempotency-key lookup, RETURNING id and `wait` read (not
+-- the payloads of other jobs); UPDATE of notify_finish, which is how `wait` asks a
+-- job's final write to notify it; USAGE on the id sequence for reserve_ids' nextval.  The
 -- enqueue-notification trigger runs its function as the inserting role, but EXECUTE on
 -- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
 -- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key)
     ON {schema}.jobs TO {role};
-GRANT SELECT (id, queue, idempotency_key) ON {schema}.jobs TO {role};
+GRANT SELECT (id, queue, idempotency_key, status, result, last_error, attempts,
+              max_attempts)
+    ON {schema}.jobs TO {role};
+GRANT UPDATE (notify_finish) ON {schema}.jobs TO {role};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
 
 -- name: grant_worker
@@ -49,12 +53,16 @@ GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
 -- No INSERT, no DELETE (retention runs as the owner), no TRUNCATE, and no UPDATE of
 -- payload, queue, priority or max_attempts: a compromised worker host cannot rewrite
 -- the work it hands to the other workers.  SELECT ... FOR UPDATE needs only UPDATE on
--- some column.
+-- some column.  On queues: read the settings, and spend rate-limit tokens; pausing and
+-- limits are the owner's (an operator's) business.
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT ON {schema}.jobs TO {role};
 GRANT UPDATE (status, run_at, attempts, worker, lease_token, locked_until, started_at,
-              finished_at, last_error, completions, handback_token)
+              finished_at, last_error, completions, handback_token, result,
+              cancel_requested)
     ON {schema}.jobs TO {role};
+GRANT SELECT ON {schema}.queues TO {role};
+GRANT UPDATE (rate_tokens, rate_refilled_at) ON {schema}.queues TO {role};
 
 -- name: superusers
 -- Grants do not bind a superuser: refuse to call such a role least-privilege.

@@ -1,4 +1,4 @@
-"""Options and error handling shared by every CLI command (core, lab, audit, chaos)."""
+"""Options and error handling every command shares, the core's and the tools' alike."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._errors import SkiplockError
+from .._errors import SkiplockError
 
 __all__ = ["dsn_option", "echo_json", "json_option", "schema_option", "user_errors"]
 
@@ -35,6 +35,7 @@ json_option = click.option(
 
 
 def echo_json(obj: Any) -> None:
+    """Print ``obj`` as indented JSON with sorted keys; values JSON lacks are str()-ed."""
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 

@@ -2,29 +2,61 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from typing import Any
 
 import click
 
-from ._cli_common import dsn_option, echo_json, json_option, schema_option, user_errors
-from ._config import validate_queue
-from ._errors import ConfigError, PayloadError
-from ._queue import Queue
+from .._config import validate_queue
+from .._errors import ConfigError, PayloadError
+from .._queue import Queue
+from .common import dsn_option, echo_json, json_option, schema_option, user_errors
 
 __all__ = ["main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The core's commands, and the tools' (lab, audit, chaos, demo) imported when named.
+
+    Each tool keeps its command in its own package and builds it on the public API (and
+    ``skiplock.cli.common``); importing it only when asked for keeps ``skiplock enqueue``
+    from loading pglast or the lab, and lets a tool's module import ``skiplock.cli``
+    without an import cycle.
+    """
+
+    TOOLS = {
+        "cancel": "skiplock.cli._control",
+        "limit": "skiplock.cli._control",
+        "pause": "skiplock.cli._control",
+        "result": "skiplock.cli._control",
+        "resume": "skiplock.cli._control",
+        "audit": "skiplock.audit._cli",
+        "chaos": "skiplock.chaos._cli",
+        "demo": "skiplock.demo._cli",
+        "race": "skiplock.lab._cli",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.TOOLS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.TOOLS and cmd_name not in self.commands:
+            module = importlib.import_module(self.TOOLS[cmd_name])
+            self.add_command(getattr(module, cmd_name))
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="skiplock")
 def main() -> None:
     """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
 
 
 def _queue(dsn: str | None, schema: str, **kwargs: Any) -> Queue:
-    from ._config import resolve_dsn
-    from ._embedded import embedded_data_dir
+    from .._config import resolve_dsn
+    from .._embedded import embedded_data_dir
 
     if resolve_dsn(dsn) is None:
         # Say where the data lives: a user who forgot --dsn should notice at once.
@@ -142,6 +174,30 @@ def sweep(dsn: str | None, schema: str, as_json: bool) -> None:
         click.echo(f"swept {n} job(s)")
 
 
+def _periodic_specs(
+    specs: tuple[str, ...], queue: str, timezone: str, catch_up: str, grace: float
+) -> list[Any]:
+    """--periodic NAME=CRON options as checked Periodic specs (ConfigError: exit 2)."""
+    from .._periodic import Periodic, check_periodic
+
+    out = []
+    for text in specs:
+        name, sep, cron = text.partition("=")
+        if not sep:
+            raise ConfigError(f"--periodic expects NAME=CRON, not {text!r}")
+        out.append(
+            Periodic(
+                name.strip(),
+                cron.strip(),
+                queue=queue,
+                timezone=timezone,
+                catch_up=catch_up,  # type: ignore[arg-type]  # Periodic checks it
+                grace=grace,
+            )
+        )
+    return check_periodic(out)
+
+
 @main.command()
 @click.option(
     "--older-than", default=7 * 86400.0, show_default=True, help="Seconds since the job finished."
@@ -221,7 +277,12 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     "--handler", "handler_path", required=True, help="module:function called with each Job."
 )
 @click.option("--concurrency", default=4, show_default=True, help="Handlers running at once.")
-@click.option("--prefetch", default=0, show_default=True, help="Jobs claimed beyond free capacity.")
+@click.option(
+    "--prefetch",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency].",
+)
 @click.option(
     "--lease", default=30.0, show_default=True, help="Seconds a claim lasts without heartbeat."
 )
@@ -267,6 +328,35 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     show_default=True,
     help="Apply migrations on start.",
 )
+@click.option(
+    "--periodic",
+    "periodic_specs",
+    multiple=True,
+    metavar="NAME=CRON",
+    help="Enqueue a job on this cron schedule (5 fields, or 6 with seconds first); repeat "
+    "for several.  Every worker may run the same schedules: each tick is enqueued once.",
+)
+@click.option(
+    "--periodic-queue",
+    default=None,
+    help="Queue of the --periodic jobs [default: the first --queue].",
+)
+@click.option("--timezone", default="UTC", show_default=True, help="IANA zone of --periodic.")
+@click.option(
+    "--catch-up",
+    default="skip",
+    show_default=True,
+    metavar="skip|all|latest",
+    help="Missed --periodic ticks after downtime: skip those over --periodic-grace "
+    "late, all, or the latest.",
+)
+@click.option(
+    "--periodic-grace",
+    "periodic_grace",
+    default=60.0,
+    show_default=True,
+    help="Seconds a --periodic tick may be late and still be enqueued.",
+)
 @click.option("-v", "--verbose", is_flag=True)
 @dsn_option
 @schema_option
@@ -275,7 +365,7 @@ def worker(
     queues: tuple[str, ...],
     handler_path: str,
     concurrency: int,
-    prefetch: int,
+    prefetch: int | None,
     lease: float,
     heartbeat_interval: float | None,
     job_timeout: float | None,
@@ -286,17 +376,26 @@ def worker(
     shutdown_grace: float,
     retention: float | None,
     do_migrate: bool,
+    periodic_specs: tuple[str, ...],
+    periodic_queue: str | None,
+    timezone: str,
+    catch_up: str,
+    periodic_grace: float,
     verbose: bool,
     dsn: str | None,
     schema: str,
 ) -> None:
-    """Run handlers for jobs until SIGTERM/SIGINT (a second signal exits at once)."""
+    """Run handlers for jobs until SIGTERM/SIGINT (a second signal exits at once).
+
+    With --periodic NAME=CRON, also enqueue a job on that schedule, with payload
+    {"periodic": NAME, "scheduled_at": ISO time}, to --periodic-queue.
+    """
     import logging
     import os
     import signal
 
-    from ._handlers import load_handler
-    from ._worker import Worker
+    from .._handlers import load_handler
+    from .._worker import Worker
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -306,6 +405,9 @@ def worker(
     handler = load_handler(handler_path)
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything
+    periodic = _periodic_specs(
+        periodic_specs, periodic_queue or queues[0], timezone, catch_up, periodic_grace
+    )
     q = _queue(dsn, schema, min_size=1, max_size=1)
     try:
         if do_migrate:
@@ -325,6 +427,7 @@ def worker(
             listen=not no_listen,
             shutdown_grace=shutdown_grace,
             retention=retention,
+            periodic=periodic,
         )
         signals = {"n": 0}
 
@@ -388,7 +491,7 @@ def roles(
     """
     import os
 
-    from ._roles import default_role_names, ensure_roles, roles_script, validate_role
+    from .._roles import default_role_names, ensure_roles, roles_script, validate_role
 
     default_producer, default_worker = default_role_names(schema)
     names = {
@@ -506,8 +609,8 @@ def verify(
     worker sessions waiting on locks (a serialising claim) and, with --audit-table and
     --key-column, keys your audit table recorded twice: the postmortem's checks.
     """
-    from ._verify import AuditSpec, parse_window
-    from ._verify import verify as run_verify
+    from .._verify import AuditSpec, parse_window
+    from .._verify import verify as run_verify
 
     if (audit_table is None) != (key_column is None):
         raise click.UsageError("--audit-table and --key-column go together")
@@ -531,26 +634,3 @@ def verify(
     else:
         click.echo(report.render())
     sys.exit(report.exit_code)
-
-
-# Commands of the optional parts (lab, audit, chaos, demo) register below; each lives in
-# its own package and uses only the public API of the core.
-from .lab._cli import race  # noqa: E402
-
-main.add_command(race)
-
-from .audit._cli import audit  # noqa: E402
-
-main.add_command(audit)
-
-from .chaos._cli import chaos  # noqa: E402
-
-main.add_command(chaos)
-
-from .demo._cli import demo  # noqa: E402
-
-main.add_command(demo)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Control of jobs and queues as I/O-free operations: cancel, pause, limits, results.
+
+Like ``_ops``, each function yields the statements it needs and never touches a
+connection, so ``Queue`` and ``AsyncQueue`` (generated from one source) run the same
+code.  The statements are in ``sql/queries.sql``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import (
+    ConfigError,
+    JobCancelled,
+    JobFailed,
+    JobStateError,
+    PayloadError,
+    UnknownJob,
+    UnknownQueue,
+)
+from ._ops import Execute, Op
+from ._sql import Statements
+
+__all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "Encoded",
+    "QueueConfig",
+    "cancel",
+    "check_limits",
+    "configure",
+    "delete",
+    "encode_result",
+    "queue_configs",
+    "requeue",
+    "set_paused",
+    "settle",
+    "watch",
+]
+
+DEFAULT_MAX_RESULT_BYTES = 64 * 1024
+FINAL = frozenset({"done", "failed", "cancelled"})
+STATUSES = frozenset({"pending", "running", *FINAL})
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """A queue's settings as stored in ``queues`` (no row: all defaults)."""
+
+    name: str
+    paused: bool = False
+    concurrency_limit: int | None = None
+    rate_limit: float | None = None
+    rate_burst: float | None = None
+    store_results: bool = True
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> QueueConfig:
+        return cls(
+            name=row["name"],
+            paused=row["paused"],
+            concurrency_limit=row["concurrency_limit"],
+            rate_limit=row["rate_limit"],
+            rate_burst=row["rate_burst"],
+            store_results=row["store_results"],
+        )
+
+
+class Encoded(str):
+    """A result already checked and encoded (by a worker's handler thread)."""
+
+    __slots__ = ()
+
+
+def encode_result(value: Any, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> Encoded | None:
+    """A handler's return value as JSON text for ``jobs.result``; None stays NULL.
+
+    Raises PayloadError for a value JSON cannot hold or one over ``max_bytes``: the
+    worker then fails the job (no retry: its side effects already happened) with that
+    message, rather than lose the result silently.
+    """
+    if value is None or isinstance(value, Encoded):
+        return value
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"handler result is not JSON-serialisable: {exc}") from None
+    if "\\u0000" in text:
+        raise PayloadError("handler result contains a NUL character, which jsonb cannot store")
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise PayloadError(
+            f"handler result is {size} bytes, over the limit of {max_bytes}; "
+            "store large results elsewhere and return a reference"
+        )
+    return Encoded(text)
+
+
+def cancel(stmts: Statements, job_id: int) -> Op[str]:
+    """Cancel a pending job, or ask a running one to stop; returns the job's status."""
+    rows = yield Execute(stmts.cancel, {"id": job_id})
+    if rows:
+        return str(rows[0]["status"])
+    rows = yield Execute(stmts.job_state, {"id": job_id})
+    if not rows:
+        raise UnknownJob(job_id)
+    raise JobStateError(
+        f"job {job_id} is already {rows[0]['status']}; only pending or running jobs "
+        "can be cancelled"
+    )
+
+
+def _check_limit(name: str, value: float | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name} must be a number, not {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a positive number, not {value!r}")
+
+
+def check_limits(
+    concurrency_limit: int | None, rate_limit: float | None, rate_burst: float | None
+) -> None:
+    """ConfigError naming the value for a limit of 0 or below, NaN, or not a number."""
+    if concurrency_limit is not None and (
+        isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+    ):
+        raise ConfigError(f"concurrency limit must be an integer, not {concurrency_limit!r}")
+    _check_limit("concurrency limit", concurrency_limit)
+    if concurrency_limit is not None and concurrency_limit > 2**31 - 1:
+        raise ConfigError(f"concurrency limit {concurrency_limit} is too large")
+    _check_limit("rate limit", rate_limit)
+    _check_limit("rate burst", rate_burst)
+    if rate_burst is not None and rate_burst < 1:
+        raise ConfigError(f"rate burst must be at least 1 job, not {rate_burst!r}")
+
+
+def configure(
+    stmts: Statements,
+    queue: str,
+    *,
+    concurrency_limit: int | None,
+    rate_limit: float | None,
+    rate_burst: float | None,
+    store_results: bool | None,
+    clear_concurrency: bool,
+    clear_rate: bool,
+) -> Op[QueueConfig]:
+    """Create or change a queue's settings (checked before any I/O)."""
+    check_limits(concurrency_limit, rate_limit, rate_burst)
+    rows = yield Execute(
+        stmts.configure_queue,
+        {
+            "queue": queue,
+            "concurrency": concurrency_limit,
+            "rate": None if rate_limit is None else float(rate_limit),
+            "burst": None if rate_burst is None else float(rate_burst),
+            "store_results": store_results,
+            "clear_concurrency": clear_concurrency,
+            "clear_rate": clear_rate,
+        },
+    )
+    return QueueConfig.from_row(rows[0])
+
+
+def set_paused(stmts: Statements, queue: str, paused: bool) -> Op[bool]:
+    """Pause or resume a known queue; UnknownQueue for a name with no jobs or settings."""
+    rows = yield Execute(stmts.set_paused, {"queue": queue, "paused": paused})
+    if not rows:
+        raise UnknownQueue(queue)
+    return bool(rows[0]["paused"])
+
+
+def queue_configs(stmts: Statements) -> Op[list[QueueConfig]]:
+    rows = yield Execute(stmts.queue_settings, {})
+    return [QueueConfig.from_row(r) for r in rows]
+
+
+def watch(stmts: Statements, job_id: int, register: bool) -> Op[dict[str, Any]]:
+    """The job's state; with ``register``, also ask its final write to notify."""
+    rows = yield Execute(stmts.watch if register else stmts.job_state, {"id": job_id})
+    if not rows:
+        raise UnknownJob(job_id)
+    return rows[0]
+
+
+def settle(row: Mapping[str, Any]) -> tuple[bool, Any]:
+    """(finished, result) for a job's state row; a failed or cancelled job raises."""
+    status = row["status"]
+    if status == "done":
+        return True, row["result"]
+    if status == "failed":
+        raise JobFailed(int(row["id"]), row["last_error"])
+    if status == "cancelled":
+        raise JobCancelled(int(row["id"]))
+    return False, None
+
+
+def requeue(stmts: Statements, job_id: int) -> Op[None]:
+    """Make a finished job pending again (an operator's retry)."""
+    rows = yield Execute(stmts.requeue, {"id": job_id})
+    if rows:
+        return
+    rows = yield Execute(stmts.job_state, {"id": job_id})
+    if not rows:
+        raise UnknownJob(job_id)
+    raise JobStateError(
+        f"job {job_id} is {rows[0]['status']}; only done, failed or cancelled jobs can be "
+        "retried (cancel a running job first)"
+    )
+
+
+def delete(stmts: Statements, job_id: int) -> Op[None]:
+    """Delete a job that is not running."""
+    rows = yield Execute(stmts.delete_job, {"id": job_id})
+    if rows:
+        return
+    rows = yield Execute(stmts.job_state, {"id": job_id})
+    if not rows:
+        raise UnknownJob(job_id)
+    raise JobStateError(f"job {job_id} is running; cancel it before deleting it")

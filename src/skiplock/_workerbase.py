@@ -1,0 +1,276 @@
+"""What Worker and AsyncWorker share: settings, counters, events, and what a write meant.
+
+The two workers differ only in how they wait (threads or tasks).  Everything that
+decides something lives here once: checking the arguments, how handler outcomes become
+fenced writes, and what each statement's answer means for the counters, the events and
+the jobs still held.  The statements themselves are the queue's (``_aqueue.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from ._base import QueueBase, QueueSettings
+from ._config import validate_queue
+from ._errors import ConfigError, SkiplockError
+from ._handlers import Handler, Outcome
+from ._job import Job
+from ._ops import FenceResult
+from ._periodic import Periodic, check_periodic
+
+__all__ = ["Trouble", "WorkerBase", "WorkerStats", "default_worker_name", "one_line"]
+
+logger = logging.getLogger("skiplock.worker")
+
+Event = Callable[[str, Job], None]
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker's life; read them while it runs or after."""
+
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    released: int = 0
+    timed_out: int = 0
+    lease_lost: int = 0
+    heartbeats: int = 0
+    sweeps_recovered: int = 0
+    db_errors: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self.lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Trouble:
+    """The log of one activity that keeps failing (claims, writes, heartbeats): a line
+    when it starts failing or the reason changes, one when it works again; never a
+    line per attempt, however long the outage (a read-only or full server)."""
+
+    def __init__(self, worker: str, what: str) -> None:
+        self.worker, self.what = worker, what
+        self.failures = 0
+        self._since = 0.0
+        self._kind = ""
+
+    def failed(self, exc: BaseException, retry: str = "backing off") -> int:
+        """Count a failure (log it if it is news); returns the failures in a row."""
+        self.failures += 1
+        # The class says why, except for skiplock's own wrapper: then its cause does.
+        cause = exc.__cause__ if isinstance(exc, SkiplockError) and exc.__cause__ else exc
+        kind = type(cause).__name__
+        if self.failures == 1 or kind != self._kind:
+            if self.failures == 1:
+                self._since = time.monotonic()
+            logger.warning(
+                "worker %s: %s failed (%s); %s, logged again when it works",
+                self.worker,
+                self.what,
+                one_line(exc),
+                retry,
+            )
+        self._kind = kind
+        return self.failures
+
+    def ok(self) -> None:
+        if self.failures:
+            logger.warning(
+                "worker %s: %s works again after %d failure(s) over %.1fs",
+                self.worker,
+                self.what,
+                self.failures,
+                time.monotonic() - self._since,
+            )
+            self.failures, self._kind = 0, ""
+
+
+class WorkerBase:
+    """Arguments, counters and the meaning of fenced writes, for both workers."""
+
+    def __init__(
+        self,
+        queue: QueueBase,
+        handler: Handler | Mapping[str, Handler],
+        *,
+        queues: Sequence[str] | None,
+        concurrency: int,
+        lease: float,
+        heartbeat_interval: float | None,
+        name: str | None,
+        poll_interval: float,
+        sweep_interval: float,
+        job_timeout: float | None,
+        listen: bool,
+        shutdown_grace: float,
+        on_event: Event | None,
+        retention: float | None,
+        prune_interval: float,
+        synchronous_commit: bool,
+        periodic: Sequence[Periodic] = (),
+    ) -> None:
+        if isinstance(handler, Mapping):
+            self._handlers: dict[str, Handler] = dict(handler)
+            names = list(queues) if queues is not None else list(self._handlers)
+        else:
+            names = list(queues) if queues is not None else ["default"]
+            self._handlers = dict.fromkeys(names, handler)
+        if not names:
+            raise ConfigError("a worker needs at least one queue")
+        for q in names:
+            validate_queue(q)
+            if q not in self._handlers:
+                raise ConfigError(f"no handler for queue {q!r}")
+        if concurrency < 1:
+            raise ConfigError("concurrency must be at least 1")
+        if not lease > 0:
+            raise ConfigError("lease must be positive")
+        self.heartbeat_interval = heartbeat_interval or lease / 3.0
+        if self.heartbeat_interval >= lease:
+            raise ConfigError("heartbeat interval must be shorter than the lease")
+        if job_timeout is not None and not job_timeout > 0:
+            raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
+        self.queues = names
+        self.concurrency = concurrency
+        self.lease = float(lease)
+        self.name = name or default_worker_name()
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self.job_timeout = job_timeout
+        self.listen = listen
+        self.shutdown_grace = shutdown_grace
+        self.stats = WorkerStats()
+        self._on_event = on_event
+        self.retention = retention
+        self.prune_interval = prune_interval
+        self.periodic = check_periodic(periodic)
+        self._settings: QueueSettings = replace(
+            queue.settings,
+            application_name=f"skiplock-worker:{self.name}",
+            op_retries=2,
+            synchronous_commit=synchronous_commit,
+        )
+
+    # -- events --------------------------------------------------------------------------
+
+    def _emit(self, event: str, job: Job) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event, job)
+        except Exception:
+            logger.exception("on_event hook failed for %s of job %s", event, job.id)
+
+    # -- what the writes meant -------------------------------------------------------------
+
+    @staticmethod
+    def split(
+        batch: Sequence[tuple[Job, Outcome]],
+    ) -> tuple[
+        list[tuple[Job, Any]],
+        list[tuple[Job, str | None, float | None, bool]],
+    ]:
+        """Handler outcomes as the two fenced writes: completions and hand-backs."""
+        done = [(job, o.result) for job, o in batch if o.kind == "ok"]
+        failed = [(job, o.error, o.delay, o.kind == "retry") for job, o in batch if o.kind != "ok"]
+        return done, failed
+
+    def completed(self, items: Sequence[tuple[Job, Any]], res: FenceResult) -> None:
+        """Count and report a completion statement's answer."""
+        cancelled = 0
+        for job, _ in items:
+            row = res.done.get(job.id)
+            if row is None:
+                self._emit("lease_lost", job)
+            elif row["status"] == "cancelled":
+                cancelled += 1
+                self._emit("cancelled", job)
+            else:
+                self._emit("completed", job)
+        self.stats.add(completed=len(res.done) - cancelled, cancelled=cancelled)
+        self._lost(res.lost, "the write changed nothing")
+
+    def handed_back(
+        self, items: Sequence[tuple[Job, str | None, float | None, bool]], res: FenceResult
+    ) -> None:
+        """Count and report a fail/retry statement's answer."""
+        by_status = {"pending": 0, "failed": 0, "cancelled": 0}
+        for job, *_ in items:
+            row = res.done.get(job.id)
+            if row is None:
+                self._emit("lease_lost", job)
+                continue
+            status = str(row["status"])
+            by_status[status] = by_status.get(status, 0) + 1
+            event = {"pending": "retried", "failed": "failed"}.get(status, status)
+            self._emit(event, job)
+        self.stats.add(
+            retried=by_status["pending"],
+            failed=by_status["failed"],
+            cancelled=by_status["cancelled"],
+        )
+        self._lost(res.lost, "the write changed nothing")
+
+    def released(self, jobs: Sequence[Job], res: FenceResult) -> None:
+        self.stats.add(released=len(res.done))
+        for job in jobs:
+            self._emit("released" if job.id in res.done else "lease_lost", job)
+        self._lost(res.lost, "the release changed nothing")
+
+    def beaten(self, jobs: Sequence[Job], res: FenceResult) -> set[int]:
+        """Count a heartbeat's answer; returns the ids no longer ours."""
+        self.stats.add(heartbeats=len(res.done))
+        lost = set(res.lost)
+        for job in jobs:
+            if job.id in lost:
+                self._emit("lease_lost", job)
+        self._lost(res.lost, "heartbeat found them swept or re-claimed")
+        return lost
+
+    def swept(self, n: int) -> None:
+        if n:
+            self.stats.add(sweeps_recovered=n)
+            logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
+
+    def _lost(self, ids: Sequence[int], what: str) -> None:
+        if ids:
+            self.stats.add(lease_lost=len(ids))
+            logger.warning(
+                "worker %s: lease lost for job(s) %s; %s",
+                self.name,
+                ", ".join(map(str, ids)),
+                what,
+            )
+
+    @staticmethod
+    def cancel_target(payload: str) -> int | None:
+        """The job id of a ``cancel:<id>`` notification, else None."""
+        kind, _, rest = payload.partition(":")
+        if kind != "cancel" or not rest.isdigit():
+            return None
+        return int(rest)
