@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -29,9 +29,17 @@ from ._job import Job
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
 
-__all__ = ["QueueBase", "QueueSettings", "backoff", "translate_error"]
+__all__ = ["ConnectionSource", "QueueBase", "QueueSettings", "backoff", "translate_error"]
 
 MakeOp = Callable[[bool], Op[Any]]
+
+
+class ConnectionSource(Protocol):
+    """Where a queue borrows connections: its pool, or a worker's own lane."""
+
+    def connection(self, timeout: float | None = None) -> Any: ...
+
+    def close(self) -> Any: ...
 
 
 @dataclass(frozen=True)

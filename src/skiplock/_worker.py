@@ -5,14 +5,20 @@ Threads and their one job each:
 - the caller's thread runs the claim loop: claim up to free capacity, hand jobs to the
   handler pool, reap handlers past their timeout, sweep expired leases now and then;
 - the writer thread turns handler outcomes into fenced writes, batched (all the
-  completions that piled up go in one statement), and heartbeats every job this worker
-  holds, also in one statement.  Writes and heartbeats share one thread so they never
-  lock the same rows from two connections of ours;
+  completions that piled up go in one statement);
+- the heartbeat thread extends the lease of every job this worker holds, in one
+  statement, on a connection of its own: a slow or failing write never delays a
+  heartbeat past the lease, and a failed heartbeat is retried at once;
 - the listener thread LISTENs for enqueue notifications and wakes the claim loop;
 - the handler threads run user code.
 
 Nothing here holds a transaction open while a handler runs: the claim commits, the
 lease is the only claim a worker keeps, and the lease token guards every write.
+
+Each thread that talks to the server has its own connection (a ``Lane``), which
+reconnects on skiplock's schedule (at once, then a short capped backoff) rather than a
+pool's, so that after a server restart the worker is back within a fraction of a
+lease instead of seconds.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ from queue import Empty, SimpleQueue
 import psycopg
 from psycopg import sql
 
-from ._base import backoff
+from ._base import backoff, unavailable
 from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Job
+from ._lane import Lane
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
@@ -41,7 +48,6 @@ __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
-_BEAT = object()
 
 
 class Worker(WorkerBase):
@@ -152,13 +158,24 @@ class Worker(WorkerBase):
         self._max_prefetch = 2 * concurrency
         self._claim_rtt = 0.002
         self._more = False
-        self._q: Queue | None = None
+        self._q: Queue | None = None  # claims, sweeps, prunes, releases
+        self._wq: Queue | None = None  # fenced writes
+        self._hq: Queue | None = None  # heartbeats
+        self._lanes: list[Lane] = []
+        # Reconnects and retries of the worker's own loops stay well inside a lease.
+        self._retry_cap = min(0.25, self.lease / 8)
+        self._beat_now = threading.Event()  # a cancel of a job we hold was announced
+        self._beats_done = threading.Event()
+        self._deadline: dict[int, float] = {}  # job id -> when its lease ends, at the latest
+        self._lapsed: set[int] = set()
+        # Jobs whose outcome the writer is writing: a heartbeat that finds one of them
+        # no longer running may be seeing our own completion, not a lost lease.
+        self._writing: set[int] = set()
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._wake = threading.Event()
-        # Outcomes for the writer; None stops it, _BEAT asks for a heartbeat now (a
-        # cancel of a job we hold was announced).
-        self._results: SimpleQueue[tuple[Job, Outcome] | object | None] = SimpleQueue()
+        # Outcomes for the writer; None stops it.
+        self._results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
         self._inflight: dict[int, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
@@ -207,7 +224,17 @@ class Worker(WorkerBase):
         if self._running:
             raise RuntimeError("worker already running")
         self._running = True
-        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3 + bool(self.periodic))
+        s = self._settings
+        try:
+            # Fail fast with libpq's reason (bad password, no such database) rather
+            # than retry a mistake forever; outages after this are ridden out.
+            psycopg.connect(s.dsn, **s.connect_kwargs()).close()
+        except psycopg.Error as exc:
+            self._running = False
+            raise unavailable(exc, s, "worker start") from None
+        self._q = self._lane_queue("claims")
+        self._wq = self._lane_queue("writes")
+        self._hq = self._lane_queue("heartbeats")
         self._pool = HandlerPool(
             self.concurrency,
             self._run_one,
@@ -216,11 +243,15 @@ class Worker(WorkerBase):
             name=f"skiplock-{self.name}",
         )
         self._start_thread(self._writer_loop, "writer")
+        self._start_thread(self._heartbeat_loop, "heartbeat")
         if self.listen:
             self._start_thread(self._listen_loop, "listener")
         if self.periodic:
             scheduler = PeriodicScheduler(
-                self._q, self.periodic, stop=self._stopping, name=f"worker {self.name}"
+                self._lane_queue("periodic"),
+                self.periodic,
+                stop=self._stopping,
+                name=f"worker {self.name}",
             )
             self._start_thread(scheduler.run, "periodic")
         logger.info(
@@ -241,6 +272,16 @@ class Worker(WorkerBase):
         t = threading.Thread(target=self.run, name=f"skiplock-worker-{self.name}", daemon=True)
         t.start()
         return t
+
+    def _lane_queue(self, role: str) -> Queue:
+        lane = Lane(self._settings, f"worker {self.name} {role}", cap=self._retry_cap)
+        self._lanes.append(lane)
+        return Queue.from_settings(self._settings, connections=lane)
+
+    @property
+    def reconnects(self) -> int:
+        """Connections the worker made again after losing one (all its lanes)."""
+        return sum(lane.reconnects for lane in self._lanes)
 
     # -- claim loop ----------------------------------------------------------------------
 
@@ -274,7 +315,7 @@ class Worker(WorkerBase):
                 except _DB_ERRORS as exc:
                     failures = trouble.failed(exc)
                     self.stats.add(db_errors=1)
-                    self._stopping.wait(backoff(failures, base=0.05, cap=5.0))
+                    self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
                     continue
             self._wait_for_work()
 
@@ -298,6 +339,8 @@ class Worker(WorkerBase):
             name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
             jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            # The lease ends at claim time + lease on the server's clock; the moment we
+            # sent the claim is the earliest that can be.
             self._claim_rtt += 0.1 * (time.monotonic() - began - self._claim_rtt)
             if not jobs:
                 continue
@@ -307,6 +350,7 @@ class Worker(WorkerBase):
             with self._inflight_lock:
                 for job in jobs:
                     self._inflight[job.id] = job
+                    self._deadline[job.id] = began + self.lease
             for job in jobs:
                 self._emit("claimed", job)
                 self._pool.submit(job)
@@ -364,14 +408,10 @@ class Worker(WorkerBase):
 
     def _writer_loop(self) -> None:
         pending: list[tuple[Job, Outcome]] = []
-        next_beat = time.monotonic() + self.heartbeat_interval
         trouble = Trouble(self.name, "writing results")
-        beat_trouble = Trouble(self.name, "heartbeat")
         while True:
             failures = trouble.failures
-            timeout = max(0.0, next_beat - time.monotonic())
-            if pending:
-                timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
+            timeout = backoff(max(failures, 1), base=0.05, cap=self._retry_cap) if pending else 1.0
             stop = False
             try:
                 item = self._results.get(timeout=timeout)
@@ -380,10 +420,7 @@ class Worker(WorkerBase):
                         self._results.put(None)  # seen again on the next round
                         stop = True
                         break
-                    if item is _BEAT:
-                        next_beat = time.monotonic()
-                    else:
-                        pending.append(item)  # type: ignore[arg-type]
+                    pending.append(item)
                     item = self._results.get_nowait()
             except Empty:
                 pass
@@ -398,6 +435,8 @@ class Worker(WorkerBase):
                     return
                 time.sleep(0.05)
             if pending:
+                with self._inflight_lock:
+                    self._writing.update(job.id for job, _ in pending)
                 try:
                     # A batch written again after a failed call may have committed
                     # unseen: the retry must recheck, or it reports "lease lost".
@@ -409,21 +448,18 @@ class Worker(WorkerBase):
                     # leases of every job held would run out.  Keep them and retry.
                     trouble.failed(exc, "keeping the results")
                     self.stats.add(db_errors=1)
-            if time.monotonic() >= next_beat:
-                self._heartbeat(beat_trouble)
-                next_beat = time.monotonic() + self.heartbeat_interval
 
     def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
         """One statement for the completions, one for the failures; each fenced per job."""
-        assert self._q is not None
+        assert self._wq is not None
         done, failed = self.split(batch)
         if done:
-            res = self._q.complete_many(done, _recheck=recheck)
+            res = self._wq.complete_many(done, _recheck=recheck)
             self.completed(done, res)
             self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
         if failed:
-            res = self._q.fail_many(failed, _recheck=recheck)
+            res = self._wq.fail_many(failed, _recheck=recheck)
             self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
 
@@ -431,29 +467,91 @@ class Worker(WorkerBase):
         with self._inflight_lock:
             for job in jobs:
                 self._inflight.pop(job.id, None)
+                self._deadline.pop(job.id, None)
+                self._lapsed.discard(job.id)
+                self._writing.discard(job.id)
             held = len(self._inflight)
         # Wake the claim loop only when a refill batch fits and work is known to wait;
         # new work otherwise arrives by NOTIFY or the poll.
         if self._more and self.capacity - held >= self._refill_batch:
             self._wake.set()
 
-    def _heartbeat(self, trouble: Trouble) -> None:
-        assert self._q is not None
-        jobs = self.inflight()
+    # -- heartbeats ----------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        """Every ``heartbeat_interval``, extend the lease of every job held; a failed
+        beat is tried again at once, then after a short capped backoff, until it gets
+        through or the worker has written its last result."""
+        trouble = Trouble(self.name, "heartbeat")
+        next_beat = time.monotonic() + self.heartbeat_interval
+        while not self._beats_done.is_set():
+            self._beat_now.wait(max(0.0, next_beat - time.monotonic()))
+            self._beat_now.clear()
+            if self._beats_done.is_set():
+                return
+            if time.monotonic() < next_beat and not self.inflight():
+                continue
+            if self._heartbeat(trouble):
+                next_beat = time.monotonic() + self.heartbeat_interval
+            else:
+                next_beat = time.monotonic() + backoff(
+                    trouble.failures, base=0.025, cap=self._retry_cap
+                )
+
+    def _heartbeat(self, trouble: Trouble) -> bool:
+        """One beat for every job held; False if it did not reach the server."""
+        assert self._hq is not None
+        jobs = sorted(self.inflight(), key=lambda j: j.id)
         if not jobs:
-            return
+            return True
+        sent = time.monotonic()
+        with self._inflight_lock:
+            writing = set(self._writing)
         try:
-            res = self._q.heartbeat_many(jobs, lease=self.lease)
+            res = self._hq.heartbeat_many(jobs, lease=self.lease)
         except Exception as exc:
             self.stats.add(db_errors=1)
-            trouble.failed(exc, "the leases run on")
-            return
+            trouble.failed(exc, "retrying at once, then every few hundred ms")
+            self._note_lapsed(time.monotonic())
+            return False
         trouble.ok()
-        lost = self.beaten(jobs, res)
-        if lost:
-            with self._inflight_lock:
-                for job_id in lost:
-                    self._inflight.pop(job_id, None)
+        # A beat sent after a job's lease ended came too late to keep it, whatever the
+        # answer: the sweeper may have taken the job (then the beat says "lost").
+        self._note_lapsed(sent)
+        with self._inflight_lock:
+            # Not running any more because our writer finished it: the writer's own
+            # fenced answer says what happened, not this beat.
+            writing |= self._writing
+            ours = [j for j in jobs if j.id not in writing and j.id in self._inflight]
+        res.lost = [i for i in res.lost if any(j.id == i for j in ours)]
+        lost = self.beaten(ours, res)
+        with self._inflight_lock:
+            for job in jobs:
+                if job.id in lost:
+                    self._inflight.pop(job.id, None)
+                    self._deadline.pop(job.id, None)
+                    self._lapsed.discard(job.id)
+                elif job.id in self._deadline:
+                    self._deadline[job.id] = sent + self.lease
+                    self._lapsed.discard(job.id)
+        return True
+
+    def _note_lapsed(self, now: float) -> None:
+        """Count the held jobs whose lease ended before a heartbeat reached the server.
+
+        Their handlers run on; if a sweep took the job meanwhile, the fence refuses the
+        outcome (LeaseLost, counted as ``lease_lost``) and the job runs elsewhere.
+        """
+        with self._inflight_lock:
+            new = [i for i, d in self._deadline.items() if d <= now and i not in self._lapsed]
+            self._lapsed.update(new)
+        if new:
+            self.stats.add(leases_lapsed=len(new))
+            logger.warning(
+                "worker %s: lease of job(s) %s ended before a heartbeat reached the server",
+                self.name,
+                ", ".join(map(str, sorted(new)[:20])),
+            )
 
     # -- listener ------------------------------------------------------------------------
 
@@ -468,18 +566,20 @@ class Worker(WorkerBase):
                     failures = 0
                     self._wake.set()  # whatever was enqueued while we were away
                     if self.inflight():
-                        self._results.put(_BEAT)  # and any cancel announced meanwhile
+                        self._beat_now.set()  # and any cancel announced meanwhile
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in wanted:
                                 self._wake.set()
                             elif self._holds(self.cancel_target(note.payload)):
-                                self._results.put(_BEAT)
+                                self._beat_now.set()
             except psycopg.Error as exc:
                 failures += 1
                 if failures == 1:
                     logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
-                self._stopping.wait(backoff(failures, base=0.1, cap=5.0))
+                # At once the first time, then a short capped backoff, like the lanes.
+                if failures > 1:
+                    self._stopping.wait(backoff(failures - 1, base=0.025, cap=self._retry_cap))
 
     def _holds(self, job_id: int | None) -> bool:
         with self._inflight_lock:
@@ -504,10 +604,16 @@ class Worker(WorkerBase):
             self._forget(left)
         self._results.put(None)
         self._stopping.set()
-        for t in self._threads:
+        writer, *others = self._threads
+        writer.join(timeout=max(grace, 1.0) + 5.0)
+        # Leases are kept while the writer still owed results; now they can go.
+        self._beats_done.set()
+        self._beat_now.set()
+        for t in others:
             t.join(timeout=max(grace, 1.0) + 5.0)
         self._pool.shutdown()
-        self._q.close()
+        for lane in self._lanes:
+            lane.close()
         self._running = False
         logger.info("worker %s stopped: %s", self.name, self.stats.snapshot())
 

@@ -45,6 +45,9 @@ class WorkerStats:
     timed_out: int = 0
     lease_lost: int = 0
     heartbeats: int = 0
+    # Held jobs whose lease ended before a heartbeat reached the server (an outage
+    # longer than what was left of the lease): their outcome may then be refused.
+    leases_lapsed: int = 0
     sweeps_recovered: int = 0
     db_errors: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

@@ -80,6 +80,10 @@ def render(j: dict[str, Any]) -> None:
         ("recovery after kill", rec),
         ("  per kill (s)", " ".join(_fmt(s) for s in j["recovery_seconds"]) or "-"),
         ("worker exits (crashes)", j["worker_exits"]),
+        ("server back -> first claim (s)", _spread(j["back_to_claim"])),
+        ("server back -> every worker claims (s)", _spread(j["back_to_claim_every_worker"])),
+        ("leases lapsed unreached (workers' count)", j["worker_stats"].get("leases_lapsed", "-")),
+        ("worker reconnects", j["worker_stats"].get("reconnects", "-")),
     ]
     for phase in ("before", "during", "after", "drain"):
         if phase in j["throughput"]:
@@ -95,6 +99,16 @@ def render(j: dict[str, Any]) -> None:
     for name, value in rows:
         table.add_row(name, _fmt(value))
     Console().print(table)
+
+
+def _spread(xs: list[float | None]) -> str:
+    got = sorted(x for x in xs if x is not None)
+    if not got:
+        return "-"
+    return (
+        f"{len(got)}/{len(xs)}: min {got[0]:.2f}, median {got[len(got) // 2]:.2f}, "
+        f"max {got[-1]:.2f}"
+    )
 
 
 def _triple(j: dict[str, Any]) -> str:
@@ -127,6 +141,12 @@ def _triple(j: dict[str, Any]) -> str:
     default=None,
     help="Workers' commit mode (default: the Worker's own default).",
 )
+@click.option(
+    "--restart-every",
+    default=None,
+    type=float,
+    help="Restart the server exactly this often (seconds) instead of at random.",
+)
 @click.option("--seed", default=None, type=int, help="Seed for the fault schedule.")
 @click.option(
     "--keep-history",
@@ -146,6 +166,7 @@ def chaos(
     concurrency: int,
     fault_interval: float,
     synchronous_commit: bool | None,
+    restart_every: float | None,
     seed: int | None,
     keep_history: str | None,
     dsn: str | None,
@@ -169,6 +190,7 @@ def chaos(
         seed=seed,
         keep_history=keep_history,
         synchronous_commit=synchronous_commit,
+        restart_every=restart_every,
     )
 
     def progress(msg: str) -> None:

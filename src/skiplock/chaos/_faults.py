@@ -233,6 +233,7 @@ class FaultContext:
     cluster: ScratchCluster | None = None
     rng: random.Random = field(default_factory=random.Random)
     stop: threading.Event = field(default_factory=threading.Event)
+    markers: int = 0
     _conn: psycopg.Connection[Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -380,8 +381,33 @@ def restart(ctx: FaultContext) -> bool:
                 ctx._conn.close()
             ctx._conn = None
     down = ctx.cluster.restart()
-    ctx.record("restart", t=t, down=round(down, 3))
+    back = time.time()
+    ctx.record("restart", t=t, down=round(down, 3), back=back)
+    _markers(ctx, "restart")
     return True
+
+
+def _markers(ctx: FaultContext, kind: str, n: int = 60) -> None:
+    """Enqueue a backlog the moment the server is back, on a fresh connection, so the
+    time to the first claim measures the workers' reconnection, not the producers'
+    (whose pool reconnects on its own schedule).  Each job takes 200 ms: the backlog
+    lasts about a second, so every worker finds work whenever it is back."""
+    from skiplock import Queue
+
+    ctx.markers += 1
+    values = [f"{ctx.run_id}:{kind}{ctx.markers}:{i}" for i in range(n)]
+    ctx.history.write({"ev": "enqueue", "ph": "invoke", "vs": values, "k": "ok", "expect": "done"})
+    try:
+        with Queue(ctx.dsn, schema=ctx.schema, min_size=1, max_size=1) as q:
+            ids = q.enqueue_many([{"v": v, "k": "ok", "ms": 200} for v in values])
+    except Exception as exc:
+        # Not sent if the connection was refused; else it may have committed.
+        sent = "cannot reach" not in str(exc)
+        ctx.history.write(
+            {"ev": "enqueue", "ph": "info" if sent else "fail", "vs": values, "error": str(exc)}
+        )
+        return
+    ctx.history.write({"ev": "enqueue", "ph": "ok", "vs": values, "ids": ids})
 
 
 def crash(ctx: FaultContext) -> bool:
@@ -398,7 +424,8 @@ def crash(ctx: FaultContext) -> bool:
                 ctx._conn.close()
             ctx._conn = None
     down = ctx.cluster.crash(how)
-    ctx.record("crash", t=t, how=how, down=round(down, 3))
+    ctx.record("crash", t=t, how=how, down=round(down, 3), back=time.time())
+    _markers(ctx, "crash")
     return True
 
 

@@ -153,6 +153,12 @@ class CheckResult:
     completions_lost_in_crash: list[dict[str, Any]] = field(default_factory=list)
     reexecuted_after_crash: int = 0
     crashes: int = 0
+    # Per restart or crash: seconds from the server being back to the first claim by
+    # any worker, and to the moment every worker that was claiming before had claimed.
+    back_to_claim: list[float | None] = field(default_factory=list)
+    back_to_claim_all: list[float | None] = field(default_factory=list)
+    # Summed counters of the workers that exited cleanly (killed ones write none).
+    worker_stats: dict[str, int] = field(default_factory=dict)
     lease_lost_rejections: int = 0
     lease_lost_violations: list[dict[str, Any]] = field(default_factory=list)
     kills: int = 0
@@ -229,8 +235,14 @@ def check(
     phases: list[tuple[float, str]] = []
     completions: dict[str, list[tuple[str, str, float | None]]] = defaultdict(list)
     lease_lost: list[tuple[str, str]] = []
+    claims: list[tuple[float, str]] = []
     for r in recs:
         ev, t = r.get("ev"), float(r.get("t", 0.0))
+        if ev == "claimed":
+            claims.append((t, str(r.get("w"))))
+        if ev == "proc" and r.get("what") == "stats":
+            for k, n in {**r.get("stats", {}), "reconnects": r.get("reconnects", 0)}.items():
+                res.worker_stats[k] = res.worker_stats.get(k, 0) + int(n)
         if ev == "fault":
             faults.append(r)
         elif ev == "phase":
@@ -321,6 +333,11 @@ def check(
     res.reexecuted_after_crash = sum(1 for d in res.duplicated_executions if d.cause == "crash")
     res.recovery_seconds = [_recovery(k, attempts, by_value) for k in kills]
     res.throughput = _throughput(phases, completions)
+    for f in faults:
+        if f.get("f") in ("restart", "crash"):
+            first, every = _back_to_claim(f, claims)
+            res.back_to_claim.append(first)
+            res.back_to_claim_all.append(every)
 
     for v, tok in lease_lost:
         # A rejected write must change nothing: the attempt that was told "lease lost"
@@ -449,6 +466,24 @@ def _recovery(
         delta = min(later) - t_kill
         worst = delta if worst is None else max(worst, delta)
     return worst
+
+
+def _back_to_claim(
+    fault: Record, claims: list[tuple[float, str]]
+) -> tuple[float | None, float | None]:
+    """Seconds from the server's return to the first claim, and to the last worker's
+    first claim (among workers that claimed in the 10 s before the fault)."""
+    t0 = float(fault["t"])
+    back = float(fault.get("back") or t0 + float(fault.get("down") or 0.0))
+    before = {w for t, w in claims if t0 - 10.0 <= t < t0}
+    firsts: dict[str, float] = {}
+    for t, w in claims:
+        if t >= back and w not in firsts:
+            firsts[w] = t - back
+    first = min(firsts.values(), default=None)
+    waited = [firsts.get(w) for w in before]
+    every = None if not waited or None in waited else max(x for x in waited if x is not None)
+    return first, every
 
 
 def _throughput(

@@ -110,7 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         current[:] = [worker]
         try:
-            worker.run()
+            stats = worker.run()
+            history.write(
+                {
+                    "ev": "proc",
+                    "what": "stats",
+                    "pid": pid,
+                    "stats": stats.snapshot(),
+                    "reconnects": worker.reconnects,
+                }
+            )
             break
         except DatabaseUnavailable as exc:
             # Started while the server was down (a restart, a full server): wait and

@@ -84,6 +84,10 @@ class ChaosConfig:
     # None: the Worker's own default.  False: a crash may take back an acknowledged
     # completion, and the checker counts the re-run instead of failing the run.
     synchronous_commit: bool | None = None
+    # Restart the server exactly this often (seconds) instead of at random intervals.
+    restart_every: float | None = None
+    # The share of the duration with faults on; the rest is split before and after.
+    fault_share: float = 0.6
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -165,6 +169,11 @@ class ChaosReport:
             "duplicated_execution_details": [
                 vars(d) for d in r.duplicated_executions if not d.allowed
             ][:50],
+            "back_to_claim": [None if x is None else round(x, 3) for x in r.back_to_claim],
+            "back_to_claim_every_worker": [
+                None if x is None else round(x, 3) for x in r.back_to_claim_all
+            ],
+            "worker_stats": r.worker_stats,
             "reexecuted_after_crash": r.reexecuted_after_crash,
             "completions_lost_in_crash": len(r.completions_lost_in_crash),
             "completions_lost_in_crash_details": r.completions_lost_in_crash[:50],
@@ -373,7 +382,8 @@ def _drive(run: _Run, fleet: ProcessFleet, ctx: FaultContext) -> ChaosReport:
     sampler = threading.Thread(target=_sample, args=(run, ctx, sampler_stop), daemon=True)
     sampler.start()
     producers = [_Producer(i, run, cfg.rate / cfg.producers) for i in range(cfg.producers)]
-    before_s, during_s, after_s = cfg.duration * 0.2, cfg.duration * 0.6, cfg.duration * 0.2
+    calm = cfg.duration * (1.0 - cfg.fault_share) / 2
+    before_s, during_s, after_s = calm, cfg.duration * cfg.fault_share, calm
     marks: dict[str, float] = {}
     dead: dict[str, int | None] = {}
 
@@ -500,11 +510,16 @@ def _fault_loop(
         # A crash is over in a few hundred milliseconds (recovery replays little WAL):
         # two leases apart lets each one's re-runs be told from the next one's.
         interval = max(2 * interval, 2 * run.cfg.lease)
-    delay = rng.uniform(0.2, 1.0) * interval
+    fixed = run.cfg.restart_every if name == "restart" else None
+    delay = rng.uniform(0.2, 1.0) * interval if fixed is None else fixed
     while not stop.wait(delay):
         try:
+            began = time.monotonic()
             if inject(name, ctx):
                 injected[name] += 1
+                if fixed is not None:
+                    delay = max(fixed - (time.monotonic() - began), 0.0)
+                    continue
                 delay = min(max(rng.expovariate(1.0 / interval), 0.3 * interval), 2 * interval)
             else:
                 delay = 0.1  # no target yet (nobody holds a job): look again soon
