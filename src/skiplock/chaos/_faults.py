@@ -437,15 +437,20 @@ def maxconn(ctx: FaultContext) -> bool:
         raise RuntimeError("maxconn needs a scratch cluster; the shared server is never filled")
     hold = ctx.rng.uniform(0.5, 1.0) * ctx.lease
     hog = ConnectionHog(ctx.dsn, leave=0, app=f"chaos-hog:{ctx.run_id}")
+    # The victims are picked before the slots are taken: the admin connection may need
+    # a slot of its own to ask.
+    rows = ctx.query(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+        (f"skiplock-worker:chaos-{ctx.run_id}-%",),
+    )
+    pids = ctx.rng.sample([int(r[0]) for r in rows], max(1, len(rows) // 3)) if rows else []
     t = time.time()
     try:
         held = hog.start()
-        rows = ctx.query(
-            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
-            (f"skiplock-worker:chaos-{ctx.run_id}-%",),
-        )
-        pids = ctx.rng.sample([int(r[0]) for r in rows], max(1, len(rows) // 3)) if rows else []
-        ctx.query("SELECT pg_terminate_backend(p) FROM unnest(%s::int[]) AS p", (pids,))
+        if hog.conns:
+            # Cut them from one of the hog's own connections: nothing else fits now.
+            hog.conns[0].execute("SELECT pg_terminate_backend(p) FROM unnest(%s::int[]) p", (pids,))
+            hog.conns[0].commit()
         end = time.monotonic() + hold
         while time.monotonic() < end and not ctx.stop.is_set():
             held += hog.fill()  # the slots the cut connections freed
@@ -462,19 +467,38 @@ def readonly(ctx: FaultContext) -> bool:
     if ctx.cluster is None:
         raise RuntimeError("readonly needs a scratch cluster; the shared server is never changed")
     hold = ctx.rng.uniform(0.3, 0.5) * ctx.lease
-    with psycopg.connect(ctx.dsn, autocommit=True, application_name="chaos-readonly") as conn:
-        # This session keeps writing (ALTER SYSTEM back) whatever the server's default.
-        conn.execute("SET default_transaction_read_only = off")
-        t = time.time()
-        conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
-        conn.execute("SELECT pg_reload_conf()")
-        try:
-            ctx.stop.wait(hold)
-        finally:
-            conn.execute("ALTER SYSTEM RESET default_transaction_read_only")
-            conn.execute("SELECT pg_reload_conf()")
+    t = time.time()
+    _read_only(ctx, True)
+    try:
+        ctx.stop.wait(hold)
+    finally:
+        # Written to postgresql.auto.conf: it would outlive a restart, so it must be
+        # undone even if another fault cut this connection meanwhile.
+        _read_only(ctx, False)
     ctx.record("readonly", t=t, hold=round(hold, 3))
     return True
+
+
+def _read_only(ctx: FaultContext, on: bool) -> None:
+    change = (
+        "ALTER SYSTEM SET default_transaction_read_only = on"
+        if on
+        else "ALTER SYSTEM RESET default_transaction_read_only"
+    )
+    for attempt in range(200):
+        try:
+            with psycopg.connect(
+                ctx.dsn, autocommit=True, application_name="chaos-readonly", connect_timeout=5
+            ) as conn:
+                # This session writes whatever the server's default.
+                conn.execute("SET default_transaction_read_only = off")
+                conn.execute(change)
+                conn.execute("SELECT pg_reload_conf()")
+                return
+        except psycopg.OperationalError:
+            # The server restarts, crashes or is full: wait for it.
+            time.sleep(min(0.05 * (attempt + 1), 0.5))
+    raise RuntimeError(f"readonly: could not run {change!r}")
 
 
 def proxy(ctx: FaultContext) -> bool:
