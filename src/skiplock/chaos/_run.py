@@ -97,6 +97,10 @@ class ChaosConfig:
             )
         if self.duration <= 0 or self.workers < 1 or self.rate <= 0:
             raise ConfigError("duration, workers and rate must be positive")
+        if not 0 < self.fault_share <= 1:
+            raise ConfigError(f"fault_share must be in (0, 1], not {self.fault_share!r}")
+        if self.restart_every is not None and not self.restart_every > 0:
+            raise ConfigError(f"restart_every must be positive, not {self.restart_every!r}")
         if self.needs_scratch and self.dsn is not None:
             raise ConfigError(
                 "restart, crash, exhaust, maxconn and readonly run on a scratch cluster the run "
