@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import _control, _migrate
 from ._base import (
+    ConnectionSource,
     MakeOp,
     QueueBase,
     QueueSettings,
@@ -126,7 +127,7 @@ class AsyncQueue(QueueBase):
             check_connections=check_connections,
             pooler=pooler,
         )
-        self._pool: AsyncConnectionPool | None = None
+        self._pool: AsyncConnectionPool | ConnectionSource | None = None
         if ASYNC:
             if open:
                 raise ValueError("AsyncQueue opens in an event loop: await q.open()")
@@ -141,13 +142,20 @@ class AsyncQueue(QueueBase):
         min_size: int = 1,
         max_size: int = 4,
         check_connections: bool = False,
+        connections: ConnectionSource | None = None,
     ) -> AsyncQueue:
-        """A queue with ``settings``, as workers build their own (``Queue``: open)."""
+        """A queue with ``settings``, as workers build their own (``Queue``: open).
+
+        ``connections``: lend connections from this instead of a pool of our own (a
+        worker's lane, which reconnects on skiplock's schedule).
+        """
         q = cls.__new__(cls)
         q._init_base(settings)
         q._min_size, q._max_size, q._check = min_size, max(max_size, min_size), check_connections
-        q._pool = None
-        if ASYNC:
+        q._pool = connections
+        if connections is not None:
+            pass  # open already: the source connects on first use
+        elif ASYNC:
             pass  # an AsyncQueue opens in the event loop: await q.open()
         else:
             q.open()

@@ -76,7 +76,7 @@ class AsyncWorker(WorkerBase):
         on_measure: Callable[[str, float, str | None], None] | None = None,
         retention: float | None = None,
         prune_interval: float = 60.0,
-        synchronous_commit: bool = False,
+        synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
     ) -> None:
         super().__init__(

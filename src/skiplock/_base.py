@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -29,9 +29,17 @@ from ._job import Job
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
 
-__all__ = ["QueueBase", "QueueSettings", "backoff", "translate_error"]
+__all__ = ["ConnectionSource", "QueueBase", "QueueSettings", "backoff", "translate_error"]
 
 MakeOp = Callable[[bool], Op[Any]]
+
+
+class ConnectionSource(Protocol):
+    """Where a queue borrows connections: its pool, or a worker's own lane."""
+
+    def connection(self, timeout: float | None = None) -> Any: ...
+
+    def close(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,7 @@ class QueueSettings:
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
     connect_timeout: float = 10.0
     op_retries: int = 6
-    # Workers turn this off on their own connections: see Worker(synchronous_commit=).
+    # A worker may turn this off on its own connections: see Worker(synchronous_commit=).
     synchronous_commit: bool = True
     # Behind a transaction pooler (PgBouncer pool_mode=transaction): no session state.
     pooler: bool = False
@@ -109,10 +117,13 @@ def translate_error(
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def unavailable(exc: BaseException, settings: QueueSettings, what: str) -> DatabaseUnavailable:
-    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return DatabaseUnavailable(
-        f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {reason}"
+        f"{what}: cannot reach PostgreSQL at {settings.display_dsn}: {_first_line(exc)}"
     )
 
 
@@ -168,6 +179,19 @@ def give_up(
         mapped = translate_error(exc, settings, what)
         if mapped is not None:
             return _chained(mapped, None)
+        if isinstance(exc, pgerrors.ReadOnlySqlTransaction):
+            # The server refuses writes (default_transaction_read_only, a standby, a
+            # disk-full guard): refused before anything was written, so even an enqueue
+            # may be sent again, and the error says why rather than a bare driver one.
+            if attempt > settings.op_retries:
+                return _chained(
+                    DatabaseUnavailable(
+                        f"{what}: PostgreSQL at {settings.display_dsn} is read-only "
+                        f"({_first_line(exc)}); nothing was written"
+                    ),
+                    exc,
+                )
+            return None
         if not is_connection_error(exc):
             return exc
         if sent and not idempotent:
@@ -252,6 +276,7 @@ class QueueBase:
         validate_queue(queue)
         _check_attempts(max_attempts)
         _check_priority(priority)
+        _check_run_at(run_at)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
@@ -277,6 +302,7 @@ class QueueBase:
         validate_queue(queue)
         _check_attempts(max_attempts)
         _check_priority(priority)
+        _check_run_at(run_at)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
         texts = []
@@ -453,13 +479,24 @@ _INT4_MAX = 2**31 - 1
 
 
 def _check_attempts(max_attempts: int) -> None:
-    if not isinstance(max_attempts, int) or not 1 <= max_attempts <= _INT4_MAX:
-        raise ValueError(f"max_attempts must be an integer from 1 to {_INT4_MAX}")
+    # type() and not isinstance(): True is an int to Python, not an attempt count.
+    if type(max_attempts) is not int or not 1 <= max_attempts <= _INT4_MAX:
+        raise ValueError(
+            f"max_attempts must be an integer from 1 to {_INT4_MAX}, not {max_attempts!r:.40}"
+        )
 
 
 def _check_priority(priority: int) -> None:
-    if not -_INT4_MAX - 1 <= int(priority) <= _INT4_MAX:
-        raise ValueError(f"priority must be an integer from {-_INT4_MAX - 1} to {_INT4_MAX}")
+    if type(priority) is not int or not -_INT4_MAX - 1 <= priority <= _INT4_MAX:
+        raise ValueError(
+            f"priority must be an integer from {-_INT4_MAX - 1} to {_INT4_MAX}, "
+            f"not {priority!r:.40}"
+        )
+
+
+def _check_run_at(run_at: datetime | None) -> None:
+    if run_at is not None and not isinstance(run_at, datetime):
+        raise ValueError(f"run_at must be a datetime or None, not {run_at!r:.40}")
 
 
 def _check_lease(lease: float) -> None:

@@ -32,6 +32,11 @@ _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@-]{0,127}$")
 
 
+# libpq's refusal, text libpq cannot be given (a lone surrogate has no UTF-8) and
+# values it hands back that are not UTF-8 (a percent-escape such as %80).
+_UNPARSABLE = (psycopg.ProgrammingError, UnicodeError)
+
+
 def resolve_dsn(dsn: str | None) -> str | None:
     """Return the DSN to use: the argument, else SKIPLOCK_DSN, else DATABASE_URL.
 
@@ -47,7 +52,7 @@ def check_dsn(dsn: str) -> str:
     """Parse ``dsn`` (URL or key=value form) and return it, or raise ConfigError."""
     try:
         conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    except _UNPARSABLE:
         # libpq's message can quote the DSN back, password included: do not relay it, not
         # even as the chained cause, which every traceback and logger.exception prints.
         raise ConfigError(
@@ -60,9 +65,10 @@ def redact_dsn(dsn: str) -> str:
     """Return ``dsn`` with any password replaced by ``***``, safe for logs and errors."""
     try:
         params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    except _UNPARSABLE:
         # Unparsable: mask anything that looks like a password in either form.
-        masked = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", dsn)
+        # A URL's password runs to its last "@" (it may hold "/", "?" or "@" unescaped).
+        masked = re.sub(r"(://[^:/@]*:).*@", r"\1***@", dsn, flags=re.S)
         return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", masked, flags=re.I)
     if "password" in params:
         params["password"] = "***"

@@ -65,9 +65,18 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
         text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise PayloadError("payload is nested too deeply to serialise as JSON") from None
     if _JSON_NUL.search(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which jsonb cannot store")
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # A lone surrogate (from a bad decode, say) has no UTF-8 form to send.
+        bad = exc.object[exc.start : exc.end]
+        raise PayloadError(
+            f"payload contains {bad!r}, a lone surrogate that UTF-8 (and jsonb) cannot hold"
+        ) from None
     if size > max_bytes:
         raise PayloadError(
             f"payload is {size} bytes, over the limit of {max_bytes}; "

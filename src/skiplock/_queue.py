@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import _control, _migrate
 from ._base import (
+    ConnectionSource,
     MakeOp,
     QueueBase,
     QueueSettings,
@@ -120,7 +121,7 @@ class Queue(QueueBase):
             check_connections=check_connections,
             pooler=pooler,
         )
-        self._pool: ConnectionPool | None = None
+        self._pool: ConnectionPool | ConnectionSource | None = None
         if open:
             self.open()
 
@@ -132,13 +133,21 @@ class Queue(QueueBase):
         min_size: int = 1,
         max_size: int = 4,
         check_connections: bool = False,
+        connections: ConnectionSource | None = None,
     ) -> Queue:
-        """A queue with ``settings``, as workers build their own (``Queue``: open)."""
+        """A queue with ``settings``, as workers build their own (``Queue``: open).
+
+        ``connections``: lend connections from this instead of a pool of our own (a
+        worker's lane, which reconnects on skiplock's schedule).
+        """
         q = cls.__new__(cls)
         q._init_base(settings)
         q._min_size, q._max_size, q._check = (min_size, max(max_size, min_size), check_connections)
-        q._pool = None
-        q.open()
+        q._pool = connections
+        if connections is not None:
+            pass
+        else:
+            q.open()
         return q
 
     def open(self) -> None:

@@ -5,14 +5,20 @@ Threads and their one job each:
 - the caller's thread runs the claim loop: claim up to free capacity, hand jobs to the
   handler pool, reap handlers past their timeout, sweep expired leases now and then;
 - the writer thread turns handler outcomes into fenced writes, batched (all the
-  completions that piled up go in one statement), and heartbeats every job this worker
-  holds, also in one statement.  Writes and heartbeats share one thread so they never
-  lock the same rows from two connections of ours;
+  completions that piled up go in one statement);
+- the heartbeat thread extends the lease of every job this worker holds, in one
+  statement, on a connection of its own: a slow or failing write never delays a
+  heartbeat past the lease, and a failed heartbeat is retried at once;
 - the listener thread LISTENs for enqueue notifications and wakes the claim loop;
 - the handler threads run user code.
 
 Nothing here holds a transaction open while a handler runs: the claim commits, the
 lease is the only claim a worker keeps, and the lease token guards every write.
+
+Each thread that talks to the server has its own connection (a ``Lane``), which
+reconnects on skiplock's schedule (at once, then a short capped backoff) rather than a
+pool's, so that after a server restart the worker is back within a fraction of a
+lease instead of seconds.
 """
 
 from __future__ import annotations
@@ -27,21 +33,21 @@ from queue import Empty, SimpleQueue
 import psycopg
 from psycopg import sql
 
-from ._base import backoff
+from ._base import backoff, unavailable
 from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Attempt, Job
+from ._lane import Lane
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
-from ._workerbase import WorkerBase, WorkerStats, default_worker_name, one_line
+from ._workerbase import Trouble, WorkerBase, WorkerStats, default_worker_name, one_line
 
 __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
-_BEAT = object()
 
 
 class Worker(WorkerBase):
@@ -90,14 +96,15 @@ class Worker(WorkerBase):
         a queue whose heartbeat failed or found the lease gone).
         ``skiplock.metrics.WorkerMetrics`` turns both hooks into metrics.
     synchronous_commit
-        Off by default on the worker's own connections (claims, heartbeats, fenced
-        writes; enqueues elsewhere stay synchronous).  A commit then returns before
-        its WAL reaches disk, saving a flush per round trip.  What a database crash
-        can lose is safe to lose here: a lost claim or heartbeat is a lost lease (the
-        fence rejects the worker's later writes, the job is pending or swept again),
-        and a lost completion leaves the job running until the sweeper returns it, so
-        it runs again: at-least-once, never lost.  A clean restart loses nothing.
-        Turn it on if a repeat after a server crash costs more than the flush.
+        On by default: a completion the worker was told had committed survives a
+        server crash.  ``False`` (the worker's own connections only; enqueues stay
+        synchronous) returns each commit before its WAL is written, about 1.3-1.8x the
+        drain rate of no-op jobs (bench/commit_modes.py), at a cost: a crash of the
+        server takes back claims, heartbeats and *completions* acknowledged in the
+        last few hundred milliseconds, and those jobs run again (the chaos crash
+        fault: 10 re-runs in 3 crashes at 60 jobs/s; none with the default).  Never
+        lost, never recorded done twice, but the handler runs twice: use it only for
+        handlers that are idempotent.  A clean restart loses nothing in either mode.
     retention
         If set, delete jobs finished more than this many seconds ago, a small batch
         every ``prune_interval`` seconds (``skiplock prune`` does the same once).
@@ -127,7 +134,7 @@ class Worker(WorkerBase):
         on_measure: Callable[[str, float, str | None], None] | None = None,
         retention: float | None = None,
         prune_interval: float = 60.0,
-        synchronous_commit: bool = False,
+        synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
     ) -> None:
         super().__init__(
@@ -159,16 +166,27 @@ class Worker(WorkerBase):
         self._max_prefetch = 2 * concurrency
         self._claim_rtt = 0.002
         self._more = False
-        self._q: Queue | None = None
+        self._q: Queue | None = None  # claims, sweeps, prunes, releases
+        self._wq: Queue | None = None  # fenced writes
+        self._hq: Queue | None = None  # heartbeats
+        self._lanes: list[Lane] = []
+        # Reconnects and retries of the worker's own loops stay well inside a lease.
+        self._retry_cap = min(0.25, self.lease / 8)
+        self._beat_now = threading.Event()  # a cancel of a job we hold was announced
+        self._beats_done = threading.Event()
+        # By attempt (id, token): after a lease ran out this worker may claim the same
+        # job again while its old attempt still runs.
+        self._deadline: dict[Attempt, float] = {}  # when its lease ends, at the latest
+        self._lapsed: set[Attempt] = set()
+        # Jobs whose outcome the writer is writing: a heartbeat that finds one of them
+        # no longer running may be seeing our own completion, not a lost lease.
+        self._writing: set[Attempt] = set()
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._wake = threading.Event()
-        # Outcomes for the writer; None stops it, _BEAT asks for a heartbeat now (a
-        # cancel of a job we hold was announced).
-        self._results: SimpleQueue[tuple[Job, Outcome] | object | None] = SimpleQueue()
-        # Claimed and not yet written back, by attempt: after a lease ran out this worker
-        # may claim the same job again while its old attempt is still running.
-        self._inflight: dict[Attempt, Job] = {}
+        # Outcomes for the writer; None stops it.
+        self._results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
+        self._inflight: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
         self._threads: list[threading.Thread] = []
@@ -215,7 +233,17 @@ class Worker(WorkerBase):
         if self._running:
             raise RuntimeError("worker already running")
         self._running = True
-        self._q = Queue.from_settings(self._settings, min_size=1, max_size=3 + bool(self.periodic))
+        s = self._settings
+        try:
+            # Fail fast with libpq's reason (bad password, no such database) rather
+            # than retry a mistake forever; outages after this are ridden out.
+            psycopg.connect(s.dsn, **s.connect_kwargs()).close()
+        except psycopg.Error as exc:
+            self._running = False
+            raise unavailable(exc, s, "worker start") from None
+        self._q = self._lane_queue("claims")
+        self._wq = self._lane_queue("writes")
+        self._hq = self._lane_queue("heartbeats")
         self._pool = HandlerPool(
             self.concurrency,
             self._run_one,
@@ -224,11 +252,15 @@ class Worker(WorkerBase):
             name=f"skiplock-{self.name}",
         )
         self._start_thread(self._writer_loop, "writer")
+        self._start_thread(self._heartbeat_loop, "heartbeat")
         if self.listen:
             self._start_thread(self._listen_loop, "listener")
         if self.periodic:
             scheduler = PeriodicScheduler(
-                self._q, self.periodic, stop=self._stopping, name=f"worker {self.name}"
+                self._lane_queue("periodic"),
+                self.periodic,
+                stop=self._stopping,
+                name=f"worker {self.name}",
             )
             self._start_thread(scheduler.run, "periodic")
         logger.info(
@@ -250,6 +282,16 @@ class Worker(WorkerBase):
         t.start()
         return t
 
+    def _lane_queue(self, role: str) -> Queue:
+        lane = Lane(self._settings, f"worker {self.name} {role}", cap=self._retry_cap)
+        self._lanes.append(lane)
+        return Queue.from_settings(self._settings, connections=lane)
+
+    @property
+    def reconnects(self) -> int:
+        """Connections the worker made again after losing one (all its lanes)."""
+        return sum(lane.reconnects for lane in self._lanes)
+
     # -- claim loop ----------------------------------------------------------------------
 
     def _start_thread(self, target: Callable[[], None], role: str) -> None:
@@ -261,7 +303,7 @@ class Worker(WorkerBase):
         assert self._q is not None and self._pool is not None
         next_sweep = time.monotonic() + random.uniform(0, self.sweep_interval)
         next_prune = time.monotonic() + random.uniform(0, self.prune_interval)
-        failures = 0
+        trouble = Trouble(self.name, "claim")
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
@@ -278,15 +320,11 @@ class Worker(WorkerBase):
             if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
                     self._more = self._claim_some(free)
-                    failures = 0
+                    trouble.ok()
                 except _DB_ERRORS as exc:
-                    failures += 1
+                    failures = trouble.failed(exc)
                     self.stats.add(db_errors=1)
-                    if failures == 1 or failures % 20 == 0:
-                        logger.warning(
-                            "worker %s: claim failed (%s); retrying", self.name, one_line(exc)
-                        )
-                    self._stopping.wait(backoff(failures, base=0.05, cap=5.0))
+                    self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
                     continue
             self._wait_for_work()
 
@@ -313,6 +351,9 @@ class Worker(WorkerBase):
             with self._inflight_lock:
                 for job in jobs:
                     self._inflight[job.attempt] = job
+                    # The lease ends at claim time + lease on the server's clock; the
+                    # moment we sent the claim is the earliest that can be.
+                    self._deadline[job.attempt] = began + self.lease
             self._claimed(name, jobs, rtt)
             for job in jobs:
                 self._pool.submit(job)
@@ -366,12 +407,10 @@ class Worker(WorkerBase):
 
     def _writer_loop(self) -> None:
         pending: list[tuple[Job, Outcome]] = []
-        next_beat = time.monotonic() + self.heartbeat_interval
-        failures = 0
+        trouble = Trouble(self.name, "writing results")
         while True:
-            timeout = max(0.0, next_beat - time.monotonic())
-            if pending:
-                timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
+            failures = trouble.failures
+            timeout = backoff(max(failures, 1), base=0.05, cap=self._retry_cap) if pending else 1.0
             stop = False
             try:
                 item = self._results.get(timeout=timeout)
@@ -380,10 +419,7 @@ class Worker(WorkerBase):
                         self._results.put(None)  # seen again on the next round
                         stop = True
                         break
-                    if item is _BEAT:
-                        next_beat = time.monotonic()
-                    else:
-                        pending.append(item)  # type: ignore[arg-type]
+                    pending.append(item)
                     item = self._results.get_nowait()
             except Empty:
                 pass
@@ -398,39 +434,31 @@ class Worker(WorkerBase):
                     return
                 time.sleep(0.05)
             if pending:
+                with self._inflight_lock:
+                    self._writing.update(job.attempt for job, _ in pending)
                 try:
                     # A batch written again after a failed call may have committed
                     # unseen: the retry must recheck, or it reports "lease lost".
                     self._write(pending, recheck=failures > 0)
                     pending = []
-                    failures = 0
+                    trouble.ok()
                 except Exception as exc:
                     # Never let the writer die: results it owes would be lost and the
                     # leases of every job held would run out.  Keep them and retry.
-                    failures += 1
+                    trouble.failed(exc, "keeping the results")
                     self.stats.add(db_errors=1)
-                    if failures == 1 or failures % 20 == 0:
-                        logger.warning(
-                            "worker %s: writing %d result(s) failed (%s); will retry",
-                            self.name,
-                            len(pending),
-                            one_line(exc),
-                        )
-            if time.monotonic() >= next_beat:
-                self._heartbeat()
-                next_beat = time.monotonic() + self.heartbeat_interval
 
     def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
         """One statement for the completions, one for the failures; each fenced per job."""
-        assert self._q is not None
+        assert self._wq is not None
         done, failed = self.split(batch)
         if done:
-            res = self._q.complete_many(done, _recheck=recheck)
+            res = self._wq.complete_many(done, _recheck=recheck)
             self.completed(done, res)
             self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
         if failed:
-            res = self._q.fail_many(failed, _recheck=recheck)
+            res = self._wq.fail_many(failed, _recheck=recheck)
             self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
 
@@ -438,29 +466,92 @@ class Worker(WorkerBase):
         with self._inflight_lock:
             for job in jobs:
                 self._inflight.pop(job.attempt, None)
+                self._deadline.pop(job.attempt, None)
+                self._lapsed.discard(job.attempt)
+                self._writing.discard(job.attempt)
             held = len(self._inflight)
         # Wake the claim loop only when a refill batch fits and work is known to wait;
         # new work otherwise arrives by NOTIFY or the poll.
         if self._more and self.capacity - held >= self._refill_batch:
             self._wake.set()
 
-    def _heartbeat(self) -> None:
-        assert self._q is not None
-        jobs = self.inflight()
+    # -- heartbeats ----------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        """Every ``heartbeat_interval``, extend the lease of every job held; a failed
+        beat is tried again at once, then after a short capped backoff, until it gets
+        through or the worker has written its last result."""
+        trouble = Trouble(self.name, "heartbeat")
+        next_beat = time.monotonic() + self.heartbeat_interval
+        while not self._beats_done.is_set():
+            self._beat_now.wait(max(0.0, next_beat - time.monotonic()))
+            self._beat_now.clear()
+            if self._beats_done.is_set():
+                return
+            if time.monotonic() < next_beat and not self.inflight():
+                continue
+            if self._heartbeat(trouble):
+                next_beat = time.monotonic() + self.heartbeat_interval
+            else:
+                next_beat = time.monotonic() + backoff(
+                    trouble.failures, base=0.025, cap=self._retry_cap
+                )
+
+    def _heartbeat(self, trouble: Trouble) -> bool:
+        """One beat for every job held; False if it did not reach the server."""
+        assert self._hq is not None
+        jobs = sorted(self.inflight(), key=lambda j: j.id)
         if not jobs:
-            return
+            return True
+        sent = time.monotonic()
+        with self._inflight_lock:
+            writing = set(self._writing)
         try:
-            res = self._q.heartbeat_many(jobs, lease=self.lease)
+            res = self._hq.heartbeat_many(jobs, lease=self.lease)
         except Exception as exc:
             self.stats.add(db_errors=1)
-            logger.warning("worker %s: heartbeat failed (%s)", self.name, one_line(exc))
+            trouble.failed(exc, "retrying at once, then every few hundred ms")
             self._missed(jobs)
-            return
-        lost = self.beaten(jobs, res)
-        if lost:
-            with self._inflight_lock:
-                for job in lost:
+            self._note_lapsed(time.monotonic())
+            return False
+        trouble.ok()
+        # A beat sent after a job's lease ended came too late to keep it, whatever the
+        # answer: the sweeper may have taken the job (then the beat says "lost").
+        self._note_lapsed(sent)
+        with self._inflight_lock:
+            # Not running any more because our writer finished it: the writer's own
+            # fenced answer says what happened, not this beat.
+            writing |= self._writing
+            ours = [j for j in jobs if j.attempt not in writing and j.attempt in self._inflight]
+        res.lost = [j.id for j in ours if res.row(j) is None]
+        lost = {job.attempt for job in self.beaten(ours, res)}
+        with self._inflight_lock:
+            for job in jobs:
+                if job.attempt in lost:
                     self._inflight.pop(job.attempt, None)
+                    self._deadline.pop(job.attempt, None)
+                    self._lapsed.discard(job.attempt)
+                elif job.attempt in self._deadline:
+                    self._deadline[job.attempt] = sent + self.lease
+                    self._lapsed.discard(job.attempt)
+        return True
+
+    def _note_lapsed(self, now: float) -> None:
+        """Count the held jobs whose lease ended before a heartbeat reached the server.
+
+        Their handlers run on; if a sweep took the job meanwhile, the fence refuses the
+        outcome (LeaseLost, counted as ``lease_lost``) and the job runs elsewhere.
+        """
+        with self._inflight_lock:
+            new = [a for a, d in self._deadline.items() if d <= now and a not in self._lapsed]
+            self._lapsed.update(new)
+        if new:
+            self.stats.add(leases_lapsed=len(new))
+            logger.warning(
+                "worker %s: lease of job(s) %s ended before a heartbeat reached the server",
+                self.name,
+                ", ".join(str(job_id) for job_id, _ in sorted(new, key=lambda a: a[0])[:20]),
+            )
 
     # -- listener ------------------------------------------------------------------------
 
@@ -475,18 +566,20 @@ class Worker(WorkerBase):
                     failures = 0
                     self._wake.set()  # whatever was enqueued while we were away
                     if self.inflight():
-                        self._results.put(_BEAT)  # and any cancel announced meanwhile
+                        self._beat_now.set()  # and any cancel announced meanwhile
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=0.5):
                             if note.payload in wanted:
                                 self._wake.set()
                             elif self._holds(self.cancel_target(note.payload)):
-                                self._results.put(_BEAT)
+                                self._beat_now.set()
             except psycopg.Error as exc:
                 failures += 1
                 if failures == 1:
                     logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
-                self._stopping.wait(backoff(failures, base=0.1, cap=5.0))
+                # At once the first time, then a short capped backoff, like the lanes.
+                if failures > 1:
+                    self._stopping.wait(backoff(failures - 1, base=0.025, cap=self._retry_cap))
 
     def _holds(self, job_id: int | None) -> bool:
         with self._inflight_lock:
@@ -511,10 +604,16 @@ class Worker(WorkerBase):
             self._forget(left)
         self._results.put(None)
         self._stopping.set()
-        for t in self._threads:
+        writer, *others = self._threads
+        writer.join(timeout=max(grace, 1.0) + 5.0)
+        # Leases are kept while the writer still owed results; now they can go.
+        self._beats_done.set()
+        self._beat_now.set()
+        for t in others:
             t.join(timeout=max(grace, 1.0) + 5.0)
         self._pool.shutdown()
-        self._q.close()
+        for lane in self._lanes:
+            lane.close()
         self._running = False
         logger.info("worker %s stopped: %s", self.name, self.stats.snapshot())
 

@@ -12,19 +12,20 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ._base import QueueBase, QueueSettings
 from ._config import validate_queue
-from ._errors import ConfigError
+from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, Outcome
 from ._job import Job
 from ._ops import FenceResult
 from ._periodic import Periodic, check_periodic
 
-__all__ = ["WorkerBase", "WorkerStats", "default_worker_name", "one_line"]
+__all__ = ["Trouble", "WorkerBase", "WorkerStats", "default_worker_name", "one_line"]
 
 logger = logging.getLogger("skiplock.worker")
 
@@ -45,6 +46,9 @@ class WorkerStats:
     timed_out: int = 0
     lease_lost: int = 0
     heartbeats: int = 0
+    # Held jobs whose lease ended before a heartbeat reached the server (an outage
+    # longer than what was left of the lease): their outcome may then be refused.
+    leases_lapsed: int = 0
     sweeps_recovered: int = 0
     db_errors: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -66,6 +70,48 @@ def default_worker_name() -> str:
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Trouble:
+    """The log of one activity that keeps failing (claims, writes, heartbeats): a line
+    when it starts failing or the reason changes, one when it works again; never a
+    line per attempt, however long the outage (a read-only or full server)."""
+
+    def __init__(self, worker: str, what: str) -> None:
+        self.worker, self.what = worker, what
+        self.failures = 0
+        self._since = 0.0
+        self._kind = ""
+
+    def failed(self, exc: BaseException, retry: str = "backing off") -> int:
+        """Count a failure (log it if it is news); returns the failures in a row."""
+        self.failures += 1
+        # The class says why, except for skiplock's own wrapper: then its cause does.
+        cause = exc.__cause__ if isinstance(exc, SkiplockError) and exc.__cause__ else exc
+        kind = type(cause).__name__
+        if self.failures == 1 or kind != self._kind:
+            if self.failures == 1:
+                self._since = time.monotonic()
+            logger.warning(
+                "worker %s: %s failed (%s); %s, logged again when it works",
+                self.worker,
+                self.what,
+                one_line(exc),
+                retry,
+            )
+        self._kind = kind
+        return self.failures
+
+    def ok(self) -> None:
+        if self.failures:
+            logger.warning(
+                "worker %s: %s works again after %d failure(s) over %.1fs",
+                self.worker,
+                self.what,
+                self.failures,
+                time.monotonic() - self._since,
+            )
+            self.failures, self._kind = 0, ""
 
 
 class WorkerBase:

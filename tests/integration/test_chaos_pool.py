@@ -45,3 +45,12 @@ def test_long_transaction_holds_back_vacuum_while_the_queue_runs(dsn: str) -> No
     assert dead["vacuum_with_long_tx"] > 100, dead
     assert dead["vacuum_after_long_tx"] < dead["vacuum_with_long_tx"] / 2, dead
     assert j["throughput"]["during"] >= 0.8 * 60.0, j["throughput"]
+
+
+def test_workers_wait_out_a_full_server_and_lose_nothing() -> None:
+    # Every slot taken (superuser ones too) and a third of the workers' connections cut,
+    # again and again: those workers cannot reconnect until the slots come free.
+    report = short_run(None, "maxconn", min_faults=3)
+    j = assert_sound(report)
+    assert j["faults_injected"]["maxconn"] >= 3
+    assert not j["duplicated_execution_causes"], j["duplicated_execution_causes"]

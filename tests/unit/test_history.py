@@ -195,3 +195,39 @@ def test_history_files_are_read_back_and_a_torn_line_is_counted(tmp_path: Path) 
     records, torn = load_history(tmp_path)
     assert torn == 1 and len(records) == 3
     assert check(records, [], torn_lines=torn).lost[0]["value"] == "x"
+
+
+def crash(t: float, down: float = 0.3) -> Rec:
+    return {"t": t, "ev": "fault", "f": "crash", "how": "immediate", "down": down}
+
+
+def completion_taken_back() -> list[Rec]:
+    # "a" completed (acknowledged), the server crashed, the completion was gone, the
+    # job was swept and "b" ran it again; the database holds "b".
+    return enq(0, "x") + run("x", "a", 1) + [crash(1.5)] + run("x", "b", 5, pid=2, att=1)
+
+
+def test_a_completion_a_crash_took_back_under_async_commit_is_a_rerun() -> None:
+    res = check(completion_taken_back(), [row("x", tok="b")], crash_loses_commits=True)
+    assert res.valid, res.problems
+    assert not res.duplicated_completions
+    assert len(res.completions_lost_in_crash) == 1 and res.reexecuted_after_crash == 1
+    assert res.crashes == 1 and res.causes() == {"crash": 1}
+
+
+def test_under_sync_commit_the_same_history_is_a_double_completion() -> None:
+    res = check(completion_taken_back(), [row("x", tok="b")], crash_loses_commits=False)
+    assert not res.valid and len(res.duplicated_completions) == 1
+    assert not res.completions_lost_in_crash
+
+
+def test_two_completions_with_no_crash_between_are_doubled_even_under_async_commit() -> None:
+    recs = enq(0, "x") + run("x", "a", 1) + run("x", "b", 5, pid=2) + [crash(8.0)]
+    res = check(recs, [row("x", tok="b")], crash_loses_commits=True)
+    assert not res.valid and len(res.duplicated_completions) == 1
+
+
+def test_a_completion_the_database_still_holds_was_not_taken_back() -> None:
+    # The row keeps "a": the later finish "b" is the one that cannot be explained.
+    res = check(completion_taken_back(), [row("x", tok="a")], crash_loses_commits=True)
+    assert not res.valid and len(res.duplicated_completions) == 1

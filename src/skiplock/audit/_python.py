@@ -506,6 +506,9 @@ def extract_python(text: str, path: str) -> Extracted:
                 Problem(path, exc.lineno or 1, exc.offset or 1, f"cannot parse Python: {exc.msg}")
             ]
         )
+    except (ValueError, UnicodeEncodeError) as exc:
+        # Text no Python file can hold (a lone surrogate): say so, like a syntax error.
+        return Extracted(problems=[Problem(path, 1, 1, f"cannot parse Python: {exc}")])
     mod = _Module(text, path, tree)
     used_in_functions: set[int] = set()
     scopes: list[tuple[str, list[tuple[Pos, ast.expr]], dict[str, list[ast.stmt]]]] = []

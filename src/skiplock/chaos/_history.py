@@ -41,15 +41,17 @@ __all__ = [
 Record = dict[str, Any]
 
 # A job whose holder was killed or frozen past its lease runs again: that is the lease
-# doing its work, not a bug.  Anything else that runs a job twice is reported as invalid.
-ALLOWED_CAUSES = frozenset({"killed", "paused"})
+# doing its work, not a bug.  So does a job whose claim, heartbeat or completion a
+# server crash took back (counted apart as ``reexecuted_after_crash``).  Anything else
+# that runs a job twice is reported as invalid.
+ALLOWED_CAUSES = frozenset({"killed", "paused", "crash"})
 
 # Attempt endings that hand the job back through a committed fenced write: the next
 # attempt is a retry, not a duplicate.
 _HANDED_BACK = frozenset({"retried"})
 _ENDINGS = frozenset({"completed", "retried", "failed", "released", "timed_out", "lease_lost"})
 # Faults that take the database or the path to it away from a living worker.
-_OUTAGES = ("restart", "exhaust", "proxy", "terminate")
+_OUTAGES = ("crash", "restart", "maxconn", "readonly", "exhaust", "proxy", "terminate")
 
 
 class HistoryWriter:
@@ -122,7 +124,7 @@ class DuplicateExecution:
 
     value: str
     job_id: int | None
-    cause: str  # killed | paused | restart | proxy | terminate | exhaust | none
+    cause: str  # killed | paused | crash | restart | proxy | terminate | exhaust | none
     prev_worker: str | None
     prev_pid: int | None
     next_worker: str | None
@@ -146,6 +148,17 @@ class CheckResult:
     recovered: list[str] = field(default_factory=list)
     duplicated_executions: list[DuplicateExecution] = field(default_factory=list)
     duplicated_completions: list[dict[str, Any]] = field(default_factory=list)
+    # Acknowledged completions a server crash took back (asynchronous commit): the
+    # job ran again.  Not a double completion: the database holds one finish.
+    completions_lost_in_crash: list[dict[str, Any]] = field(default_factory=list)
+    reexecuted_after_crash: int = 0
+    crashes: int = 0
+    # Per restart or crash: seconds from the server being back to the first claim by
+    # any worker, and to the moment every worker that was claiming before had claimed.
+    back_to_claim: list[float | None] = field(default_factory=list)
+    back_to_claim_all: list[float | None] = field(default_factory=list)
+    # Summed counters of the workers that exited cleanly (killed ones write none).
+    worker_stats: dict[str, int] = field(default_factory=dict)
     lease_lost_rejections: int = 0
     lease_lost_violations: list[dict[str, Any]] = field(default_factory=list)
     kills: int = 0
@@ -194,11 +207,17 @@ def check(
     *,
     allowed_causes: frozenset[str] = ALLOWED_CAUSES,
     torn_lines: int = 0,
+    crash_loses_commits: bool = False,
 ) -> CheckResult:
     """Check a history against the final state of the jobs table.
 
     ``final_rows`` has one mapping per row: ``v`` (the value), ``id``, ``status``,
     ``token`` (the lease token kept on the row) and optionally ``last_error``.
+    ``crash_loses_commits``: workers committed asynchronously, so a finish reported
+    before a server crash may be gone after it (and the job run again); such a finish
+    is counted in ``completions_lost_in_crash``, not as a double completion.  With
+    synchronous commit the same history is a double completion: a durable finish
+    cannot vanish.
     """
     res = CheckResult(torn_lines=torn_lines)
     recs = sorted(records, key=lambda r: float(r.get("t", 0.0)))
@@ -216,8 +235,14 @@ def check(
     phases: list[tuple[float, str]] = []
     completions: dict[str, list[tuple[str, str, float | None]]] = defaultdict(list)
     lease_lost: list[tuple[str, str]] = []
+    claims: list[tuple[float, str]] = []
     for r in recs:
         ev, t = r.get("ev"), float(r.get("t", 0.0))
+        if ev == "claimed":
+            claims.append((t, str(r.get("w"))))
+        if ev == "proc" and r.get("what") == "stats":
+            for k, n in {**r.get("stats", {}), "reconnects": r.get("reconnects", 0)}.items():
+                res.worker_stats[k] = res.worker_stats.get(k, 0) + int(n)
         if ev == "fault":
             faults.append(r)
         elif ev == "phase":
@@ -260,6 +285,13 @@ def check(
             if kind == "completed":
                 res.unlogged_completions += 1
 
+    # A crash spans its record's time (just before the shutdown) to the server's return.
+    crashes = sorted(
+        (float(f["t"]), float(f["t"]) + float(f.get("down") or 0.0))
+        for f in faults
+        if f.get("f") == "crash"
+    )
+    res.crashes = len(crashes)
     seen_values = set(by_value) | set(rows) | set(completions)
     for v in sorted(seen_values):
         done = [c for c in completions[v] if c[1] == "completed"]
@@ -270,9 +302,11 @@ def check(
             res.recovered.append(v)
         finishes = completions[v]
         if len(finishes) > 1:
-            res.duplicated_completions.append(
-                {"value": v, "finishes": [{"token": c[0], "kind": c[1]} for c in finishes]}
-            )
+            detail = {"value": v, "finishes": [{"token": c[0], "kind": c[1]} for c in finishes]}
+            if crash_loses_commits and _taken_back(finishes, rows.get(v), crashes):
+                res.completions_lost_in_crash.append(detail)
+            else:
+                res.duplicated_completions.append(detail)
     for v in sorted(acked):
         kinds = {c[1] for c in completions[v]}
         want = expected.get(v, "done")
@@ -296,8 +330,14 @@ def check(
     pauses = [f for f in faults if f.get("f") == "pause"]
     res.kills, res.pauses = len(kills), len(pauses)
     res.duplicated_executions = _duplicates(by_value, faults, allowed_causes)
+    res.reexecuted_after_crash = sum(1 for d in res.duplicated_executions if d.cause == "crash")
     res.recovery_seconds = [_recovery(k, attempts, by_value) for k in kills]
     res.throughput = _throughput(phases, completions)
+    for f in faults:
+        if f.get("f") in ("restart", "crash"):
+            first, every = _back_to_claim(f, claims)
+            res.back_to_claim.append(first)
+            res.back_to_claim_all.append(every)
 
     for v, tok in lease_lost:
         # A rejected write must change nothing: the attempt that was told "lease lost"
@@ -307,6 +347,27 @@ def check(
 
     _verdict(res)
     return res
+
+
+def _taken_back(
+    finishes: list[tuple[str, str, float | None]],
+    row: Mapping[str, Any] | None,
+    crashes: list[tuple[float, float]],
+) -> bool:
+    """Every finish but the one the database holds was reported before a crash that
+    came before the next finish: the crash took it back, nothing finished twice."""
+    held = str(row.get("token")) if row is not None else None
+    if held is None or not any(c[0] == held for c in finishes):
+        return False
+    timed = sorted(finishes, key=lambda c: float("inf") if c[2] is None else c[2])
+    for earlier, later in itertools.pairwise(timed):
+        t0, t1 = earlier[2], later[2]
+        if earlier[0] == held or t0 is None:
+            return False
+        end = float("inf") if t1 is None else t1
+        if not any(t0 <= up and down <= end for down, up in crashes):
+            return False
+    return timed[-1][0] == held
 
 
 def _enqueues(recs: list[Record]) -> dict[str, Any]:
@@ -405,6 +466,24 @@ def _recovery(
         delta = min(later) - t_kill
         worst = delta if worst is None else max(worst, delta)
     return worst
+
+
+def _back_to_claim(
+    fault: Record, claims: list[tuple[float, str]]
+) -> tuple[float | None, float | None]:
+    """Seconds from the server's return to the first claim, and to the last worker's
+    first claim (among workers that claimed in the 10 s before the fault)."""
+    t0 = float(fault["t"])
+    back = float(fault.get("back") or t0 + float(fault.get("down") or 0.0))
+    before = {w for t, w in claims if t0 - 10.0 <= t < t0}
+    firsts: dict[str, float] = {}
+    for t, w in claims:
+        if t >= back and w not in firsts:
+            firsts[w] = t - back
+    first = min(firsts.values(), default=None)
+    waited = [firsts.get(w) for w in before]
+    every = None if not waited or None in waited else max(x for x in waited if x is not None)
+    return first, every
 
 
 def _throughput(

@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     def on_event(event: str, job: Job) -> None:
         history.job_event(event, job, worker=name)
 
+    commit: dict[str, Any] = {}
+    if cfg.get("synchronous_commit") is not None:
+        commit["synchronous_commit"] = bool(cfg["synchronous_commit"])
     failures = 0
     while not stop.is_set():
         worker = Worker(
@@ -103,10 +106,20 @@ def main(argv: list[str] | None = None) -> int:
             job_timeout=job_timeout,
             shutdown_grace=2.0,
             on_event=on_event,
+            **commit,
         )
         current[:] = [worker]
         try:
-            worker.run()
+            stats = worker.run()
+            history.write(
+                {
+                    "ev": "proc",
+                    "what": "stats",
+                    "pid": pid,
+                    "stats": stats.snapshot(),
+                    "reconnects": worker.reconnects,
+                }
+            )
             break
         except DatabaseUnavailable as exc:
             # Started while the server was down (a restart, a full server): wait and

@@ -9,6 +9,7 @@ stop, the jobs table is read once more, and the checker judges the whole history
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import random
 import shutil
@@ -24,11 +25,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from skiplock import ConfigError, DatabaseUnavailable, Queue, SkiplockError
+from skiplock import ConfigError, DatabaseUnavailable, Queue, SkiplockError, Worker
 
 from ._faults import (
     FAULTS,
     REPEATED,
+    SCRATCH_ONLY,
     ConnectionHog,
     FaultContext,
     LongTransaction,
@@ -79,6 +81,13 @@ class ChaosConfig:
     seed: int | None = None
     keep_history: str | None = None
     allowed_causes: frozenset[str] = ALLOWED_CAUSES
+    # None: the Worker's own default.  False: a crash may take back an acknowledged
+    # completion, and the checker counts the re-run instead of failing the run.
+    synchronous_commit: bool | None = None
+    # Restart the server exactly this often (seconds) instead of at random intervals.
+    restart_every: float | None = None
+    # The share of the duration with faults on; the rest is split before and after.
+    fault_share: float = 0.6
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -88,15 +97,28 @@ class ChaosConfig:
             )
         if self.duration <= 0 or self.workers < 1 or self.rate <= 0:
             raise ConfigError("duration, workers and rate must be positive")
+        if not 0 < self.fault_share <= 1:
+            raise ConfigError(f"fault_share must be in (0, 1], not {self.fault_share!r}")
+        if self.restart_every is not None and not self.restart_every > 0:
+            raise ConfigError(f"restart_every must be positive, not {self.restart_every!r}")
         if self.needs_scratch and self.dsn is not None:
             raise ConfigError(
-                "restart and exhaust run on a scratch cluster the run starts itself "
-                "(the given server is never restarted or filled); drop --dsn"
+                "restart, crash, exhaust, maxconn and readonly run on a scratch cluster the run "
+                "starts itself (the given server is never restarted, crashed or filled); "
+                "drop --dsn"
             )
 
     @property
     def needs_scratch(self) -> bool:
-        return "restart" in self.faults or "exhaust" in self.faults
+        return any(f in self.faults for f in SCRATCH_ONLY)
+
+    @property
+    def worker_synchronous_commit(self) -> bool:
+        """The commit mode the workers run with (the Worker's default when None)."""
+        if self.synchronous_commit is not None:
+            return self.synchronous_commit
+        default = inspect.signature(Worker).parameters["synchronous_commit"].default
+        return bool(default)
 
 
 @dataclass
@@ -130,6 +152,7 @@ class ChaosReport:
             "workers": self.config.workers,
             "rate": self.config.rate,
             "lease": self.config.lease,
+            "synchronous_commit": self.config.worker_synchronous_commit,
             "faults": list(self.config.faults),
             "faults_injected": self.faults_injected,
             "enqueued": r.attempted,
@@ -150,6 +173,15 @@ class ChaosReport:
             "duplicated_execution_details": [
                 vars(d) for d in r.duplicated_executions if not d.allowed
             ][:50],
+            "back_to_claim": [None if x is None else round(x, 3) for x in r.back_to_claim],
+            "back_to_claim_every_worker": [
+                None if x is None else round(x, 3) for x in r.back_to_claim_all
+            ],
+            "worker_stats": r.worker_stats,
+            "reexecuted_after_crash": r.reexecuted_after_crash,
+            "completions_lost_in_crash": len(r.completions_lost_in_crash),
+            "completions_lost_in_crash_details": r.completions_lost_in_crash[:50],
+            "crashes": r.crashes,
             "duplicated_completions": len(r.duplicated_completions),
             "duplicated_completion_details": r.duplicated_completions[:50],
             "lease_lost_rejections": r.lease_lost_rejections,
@@ -239,7 +271,9 @@ class _Producer(threading.Thread):
 
 def _outcome(exc: BaseException) -> str:
     """``fail`` only when skiplock says nothing was sent; anything else may have committed."""
-    if isinstance(exc, DatabaseUnavailable) and "cannot reach" in str(exc):
+    if isinstance(exc, DatabaseUnavailable) and (
+        "cannot reach" in str(exc) or "nothing was written" in str(exc)
+    ):
         return "fail"
     if isinstance(exc, SkiplockError) and not isinstance(exc, DatabaseUnavailable):
         return "fail"  # refused before any I/O: a bad payload or setting
@@ -281,7 +315,8 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     try:
         if cfg.needs_scratch:
             # Room for every worker's few connections, the producers and the hog's victims.
-            default_max = cfg.workers * 5 + 20 if "exhaust" in cfg.faults else None
+            filled = "exhaust" in cfg.faults or "maxconn" in cfg.faults
+            default_max = cfg.workers * 5 + 20 if filled else None
             max_conn = cfg.max_connections or default_max
             cluster = ScratchCluster(max_connections=max_conn)
             run.progress("starting a scratch cluster")
@@ -304,6 +339,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "sweep_interval": cfg.sweep_interval,
             "concurrency": cfg.concurrency,
             "job_timeout": cfg.job_timeout,
+            "synchronous_commit": cfg.synchronous_commit,
         }
         fleet = ProcessFleet(spec, hist_dir, run.history)
         ctx = FaultContext(
@@ -350,7 +386,8 @@ def _drive(run: _Run, fleet: ProcessFleet, ctx: FaultContext) -> ChaosReport:
     sampler = threading.Thread(target=_sample, args=(run, ctx, sampler_stop), daemon=True)
     sampler.start()
     producers = [_Producer(i, run, cfg.rate / cfg.producers) for i in range(cfg.producers)]
-    before_s, during_s, after_s = cfg.duration * 0.2, cfg.duration * 0.6, cfg.duration * 0.2
+    calm = cfg.duration * (1.0 - cfg.fault_share) / 2
+    before_s, during_s, after_s = calm, cfg.duration * cfg.fault_share, calm
     marks: dict[str, float] = {}
     dead: dict[str, int | None] = {}
 
@@ -421,7 +458,13 @@ def _drive(run: _Run, fleet: ProcessFleet, ctx: FaultContext) -> ChaosReport:
     fleet.stop()
     rows = _final_rows(ctx)
     records, torn = load_history(fleet.dir)
-    result = check(records, rows, allowed_causes=cfg.allowed_causes, torn_lines=torn)
+    result = check(
+        records,
+        rows,
+        allowed_causes=cfg.allowed_causes,
+        torn_lines=torn,
+        crash_loses_commits=not cfg.worker_synchronous_commit,
+    )
     retries = sum(1 for r in records if r.get("ev") == "proc" and r.get("what") == "start-retry")
     return ChaosReport(
         config=cfg,
@@ -467,11 +510,20 @@ def _fault_loop(
         # Each restart an event of its own that workers must ride out, not a storm
         # faster than a pool can reconnect and heartbeat within one lease.
         interval = max(3 * interval, 4 * run.cfg.lease)
-    delay = rng.uniform(0.2, 1.0) * interval
+    elif name == "crash":
+        # A crash is over in a few hundred milliseconds (recovery replays little WAL):
+        # two leases apart lets each one's re-runs be told from the next one's.
+        interval = max(2 * interval, 2 * run.cfg.lease)
+    fixed = run.cfg.restart_every if name == "restart" else None
+    delay = rng.uniform(0.2, 1.0) * interval if fixed is None else fixed
     while not stop.wait(delay):
         try:
+            began = time.monotonic()
             if inject(name, ctx):
                 injected[name] += 1
+                if fixed is not None:
+                    delay = max(fixed - (time.monotonic() - began), 0.0)
+                    continue
                 delay = min(max(rng.expovariate(1.0 / interval), 0.3 * interval), 2 * interval)
             else:
                 delay = 0.1  # no target yet (nobody holds a job): look again soon
