@@ -273,10 +273,7 @@ class QueueBase:
         max_attempts: int,
         idempotency_key: str | None,
     ) -> MakeOp:
-        validate_queue(queue)
-        _check_attempts(max_attempts)
-        _check_priority(priority)
-        _check_run_at(run_at)
+        _check_enqueue_options(queue, priority, run_at, max_attempts)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
@@ -299,10 +296,7 @@ class QueueBase:
         max_attempts: int,
         idempotency_keys: Sequence[str | None] | None,
     ) -> MakeOp:
-        validate_queue(queue)
-        _check_attempts(max_attempts)
-        _check_priority(priority)
-        _check_run_at(run_at)
+        _check_enqueue_options(queue, priority, run_at, max_attempts)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
         texts = []
@@ -476,6 +470,16 @@ class QueueBase:
 # Longest lease or retry delay: now() plus this stays far inside timestamptz's range.
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0
 _INT4_MAX = 2**31 - 1
+
+
+def _check_enqueue_options(
+    queue: str, priority: int, run_at: datetime | None, max_attempts: int
+) -> None:
+    """What enqueue and enqueue_many check before anything is encoded or sent."""
+    validate_queue(queue)
+    _check_attempts(max_attempts)
+    _check_priority(priority)
+    _check_run_at(run_at)
 
 
 def _check_attempts(max_attempts: int) -> None:
