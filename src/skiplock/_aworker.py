@@ -234,8 +234,13 @@ class AsyncWorker(WorkerBase):
                 break
             name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
-            jobs = await self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
-            self._measure("claim_seconds", time.monotonic() - began, name)
+            start = self._cursor.start(name, began)
+            jobs = await self._q.claim(
+                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+            )
+            rtt = time.monotonic() - began
+            self._cursor.claimed(name, start, jobs, rtt, began + rtt)
+            self._measure("claim_seconds", rtt, name)
             if not jobs:
                 continue
             more = more or len(jobs) == free

@@ -310,8 +310,12 @@ class Worker(WorkerBase):
                 break
             name = self.queues[(self._rotation + i) % n]
             began = time.monotonic()
-            jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            start = self._cursor.start(name, began)
+            jobs = self._q.claim(
+                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+            )
             rtt = time.monotonic() - began
+            self._cursor.claimed(name, start, jobs, rtt, began + rtt)
             self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
             self._measure("claim_seconds", rtt, name)
             if not jobs:

@@ -20,6 +20,13 @@
 -- queue without a row and nothing claimed returns no row at all.  (An aggregate over
 -- the lookup and a LEFT JOIN from it cost the claim a seventh of its server time and
 -- an idle poll a fifth of its rate: bench/README.md, sqlcmp.)
+-- The scan may start at a position in claim order (from_*; all NULL: the head).  A
+-- worker passes where its last claim ended: the index entries before it are jobs
+-- already taken, and while a transaction holds back xmin (or nothing has vacuumed a
+-- long history) each costs a heap visit to every claim that walks past it, so a claim
+-- from the head grows with the history instead of with the batch.  Which jobs a claim
+-- may take does not depend on it, only how soon one that sorts before the position is
+-- seen: the worker claims from the head again at least every second (_cursor.py).
 WITH cfg AS MATERIALIZED (
     SELECT q.paused OR q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS stop,
            q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS limited,
@@ -33,6 +40,9 @@ picked AS MATERIALIZED (
     WHERE status = 'pending'
       AND queue = %(queue)s
       AND run_at <= now()
+      AND (priority, run_at, id) >= (coalesce(%(from_priority)s::integer, -2147483648),
+                                     coalesce(%(from_run_at)s::timestamptz, '-infinity'),
+                                     coalesce(%(from_id)s::bigint, -9223372036854775808))
       AND NOT EXISTS (SELECT FROM cfg WHERE cfg.stop)
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
