@@ -66,8 +66,8 @@ def variants(names: list[str]) -> dict[str, tuple[str | None, str | None]]:
             out[name] = (base["claim"], base["complete"])
         else:
             claim, complete = cand.get(f"claim_{name}"), cand.get(f"complete_{name}")
-            if claim is None and complete is None:
-                raise SystemExit(f"no claim_{name} or complete_{name} in sql/candidates.sql")
+            if claim is None and complete is None and f"setup_{name}" not in cand:
+                raise SystemExit(f"no claim_, complete_ or setup_{name} in sql/candidates.sql")
             out[name] = (claim, complete)
     return out
 
@@ -132,6 +132,18 @@ def one(
     out["jobs"] = taken
     if stats:
         out["per_job"] = _stats_read(dsn, max(taken, 1) if mode != "empty" else res.transactions)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT n_tup_upd, n_tup_hot_upd, pg_table_size(relid) FROM pg_stat_user_tables "
+                "WHERE schemaname = %s AND relname = 'jobs'",
+                (schema,),
+            ).fetchone()
+        if row:
+            out["per_job"]["table"] = {
+                "hot_ratio": row[1] / row[0] if row[0] else float("nan"),
+                "mb": row[2] / 1048576.0,
+            }
     return out
 
 
@@ -267,6 +279,13 @@ def _main(
         ]
         for mode in modes:
             for v in names:
+                tables = [c["table"] for c in costs[mode][v] if "table" in c]
+                if tables:
+                    hot = median([t["hot_ratio"] for t in tables])
+                    mb = median([t["mb"] for t in tables])
+                    lines.append(
+                        f"| {mode} | {v} | table: HOT {hot:.2f} of updates, {mb:.1f} MB | | | | | |"
+                    )
                 for st in ("claim", "complete"):
                     got = [c[st] for c in costs[mode][v] if st in c]
                     if not got:

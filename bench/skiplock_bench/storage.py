@@ -218,6 +218,66 @@ def storage_state(dsn: str, schema: str) -> dict[str, Any]:
     return out
 
 
+def statements_reset(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("SELECT pg_stat_statements_reset()")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def top_statements(dsn: str, n: int = 20) -> list[dict[str, Any]]:
+    """Where the server's time went since the reset (pg_stat_statements), by statement."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT query, calls, total_exec_time, shared_blks_hit + shared_blks_read "
+            "FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database "
+            "WHERE datname = current_database()) ORDER BY total_exec_time DESC LIMIT %s",
+            (n,),
+        ).fetchall()
+    merged: dict[str, list[float]] = {}
+    for query, calls, ms, blks in rows:
+        text = " ".join(
+            line for line in str(query).splitlines() if not line.strip().startswith("--")
+        )
+        # The same statement with NULL or typed parameters is two entries: one name.
+        m = merged.setdefault(_name(text), [0.0, 0.0, 0.0])
+        m[0] += int(calls)
+        m[1] += float(ms)
+        m[2] += float(blks)
+    out = [
+        {
+            "statement": name,
+            "calls": int(c),
+            "total_s": ms / 1000.0,
+            "mean_ms": ms / max(c, 1.0),
+            "buffers_per_call": blks / max(c, 1.0),
+        }
+        for name, (c, ms, blks) in merged.items()
+    ]
+    out.sort(key=lambda d: -float(d["total_s"]))
+    return out
+
+
+def _name(text: str) -> str:
+    t = " ".join(text.split())
+    for key, name in (
+        ("gen_random_uuid", "claim"),
+        ("completions", "complete"),
+        ("expired AS", "sweep"),
+        ("j.locked_until, j.cancel_requested", "heartbeat"),
+        ("handback_token = f.token", "fail/release"),
+        ("COPY", "enqueue (COPY)"),
+        ("nextval", "reserve_ids"),
+        ("LISTEN", "listen"),
+    ):
+        if key in t:
+            return name
+    return t[:60]
+
+
 def _mb(conn: psycopg.Connection[Any], reg: str) -> float:
     row = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (reg,)).fetchone()
     return int(row[0]) / 1048576.0 if row else float("nan")
@@ -285,6 +345,7 @@ def flow(
         ).fetchone()
     first = int(row[0]) if row else 0
     w = WorkerProc(dsn, schema, concurrency)
+    has_pss = statements_reset(dsn)
     holder = hold_xmin(dsn) if hold else None
     q = lib_skiplock._queue(dsn, schema)
     out: dict[str, Any] = {"tag": tag, "rate": rate, "seconds": seconds, "hold": hold}
@@ -370,6 +431,8 @@ def flow(
         secs = time.monotonic() - tb
         out["burst_jobs_per_s"] = burst / secs if w.done() - d0 >= burst else float("nan")
         out["storage"] = storage_state(dsn, schema)
+        if has_pss:
+            out["statements"] = top_statements(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             row = conn.execute(
                 sql.SQL(
@@ -479,6 +542,24 @@ def summary(results: list[dict[str, Any]]) -> str:
                 f"| {st.get('table_mb', float('nan')):.0f} | {idx.get('mb', float('nan')):.1f} "
                 f"| {med('rss_start_mb'):.1f} -> {med('rss_end_mb'):.1f} |"
             )
+    notes = []
+    for srv in results:
+        for cond in ("fresh", "held", "history"):
+            for r in srv.get(cond, [])[-1:]:
+                st = r.get("storage", {})
+                upd = st.get("n_tup_upd") or 0
+                hot = f"HOT {st.get('n_tup_hot_upd', 0) / upd:.2f} of updates; " if upd else ""
+                tops = r.get("statements") or []
+                where = "; ".join(
+                    f"{t['statement']} {t['total_s']:.1f} s ({t['calls']:,} calls, "
+                    f"{t['mean_ms']:.2f} ms, {t['buffers_per_call']:.0f} buffers)"
+                    for t in tops[:5]
+                )
+                where = where or "no pg_stat_statements"
+                notes.append(f"- {srv['label']} {cond}: {hot}{where}")
+    if notes:
+        lines += ["", "Server time by statement over the flow and burst (pg_stat_statements):", ""]
+        lines += notes
     return "\n".join(lines)
 
 
@@ -501,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=20_000)
     p.add_argument("--history", type=int, default=1_000_000)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--db", default=DB, help="scratch database on the shared server")
     p.add_argument("--out", type=Path, default=RESULTS_DIR)
     a = p.parse_args(argv)
     if a.child:
@@ -513,14 +595,14 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for srv in servers:
         if srv == "shared":
-            dsn = recreate_database(a.dsn, DB)
+            dsn = recreate_database(a.dsn, a.db)
             try:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     av = conn.execute("SHOW autovacuum").fetchone()
                 label = f"shared (autovacuum {av[0] if av else '?'})"
                 results.append(run_server(label, dsn, a))
             finally:
-                drop_database(a.dsn, DB)
+                drop_database(a.dsn, a.db)
         elif srv == "scratch":
             with scratch.cluster() as sdsn:
                 results.append(run_server("scratch (autovacuum on)", sdsn, a))
