@@ -28,6 +28,11 @@
 -- may take does not depend on it, only how soon one that sorts before the position is
 -- seen: the worker claims from the head again after 20 times that claim's own duration
 -- (every 50 ms on a clean table, at most every 10 s: _cursor.py).
+-- The UPDATE finds each picked row by its ctid, the version the CTE locked (nobody can
+-- change it while we hold the lock): by id alone, the planner trusted a stale estimate
+-- of one pending row and scanned jobs_claimable_idx for every picked row, 72 ms a claim
+-- after a million-job history (0.46 ms by ctid).  A picked row updated by another
+-- transaction after our snapshot is not found by ctid and simply not claimed this time.
 WITH cfg AS MATERIALIZED (
     SELECT q.paused OR q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS stop,
            q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS limited,
@@ -36,7 +41,7 @@ WITH cfg AS MATERIALIZED (
     WHERE q.name = %(queue)s
 ),
 picked AS MATERIALIZED (
-    SELECT id
+    SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'pending'
       AND queue = %(queue)s
@@ -59,7 +64,8 @@ claimed AS (
         attempts     = j.attempts + 1,
         lease_token  = gen_random_uuid()
     FROM picked
-    WHERE j.id = picked.id
+    WHERE j.ctid = picked.ctid  -- the version locked above: a TID scan
+      AND j.id = picked.id
       AND j.status = 'pending'
     RETURNING j.*
 )
@@ -104,7 +110,7 @@ allowed AS MATERIALIZED (
     FROM cfg
 ),
 picked AS MATERIALIZED (
-    SELECT id
+    SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'pending'
       AND queue = %(queue)s
@@ -123,7 +129,8 @@ claimed AS (
         attempts     = j.attempts + 1,
         lease_token  = gen_random_uuid()
     FROM picked
-    WHERE j.id = picked.id
+    WHERE j.ctid = picked.ctid  -- the version locked above: a TID scan
+      AND j.id = picked.id
       AND j.status = 'pending'
     RETURNING j.*
 ),
@@ -236,7 +243,7 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 -- can sweep at once with no leader.  Clearing the status kills the old lease token:
 -- the fence needs status = 'running'.
 WITH expired AS MATERIALIZED (
-    SELECT id
+    SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'running'
       AND locked_until < now()
@@ -253,7 +260,8 @@ SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
     last_error   = 'lease expired on worker ' || coalesce(j.worker, '?')
                    || ' during attempt ' || j.attempts || ' of ' || j.max_attempts
 FROM expired
-WHERE j.id = expired.id
+WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
+  AND j.id = expired.id
   AND j.status = 'running'
   AND j.locked_until < now()
 RETURNING j.id, j.status;
