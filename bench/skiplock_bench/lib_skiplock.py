@@ -241,16 +241,22 @@ def pickup_child(spec: ChildSpec, chan: Channel) -> None:
     chan.report(ChildResult(index=spec.index, pid=os.getpid(), seen=seen, latencies=latencies))
 
 
-def pickup_producer(dsn: str, chan: Channel, samples: int, gap: tuple[float, float]) -> int:
-    """Enqueue one job at a time, each after the previous one started; returns timeouts."""
+def pickup_producer(
+    dsn: str, chan: Channel, samples: int, gap: tuple[float, float]
+) -> tuple[int, list[float]]:
+    """Enqueue one job at a time, each after the previous one started; returns timeouts
+    and the seconds each enqueue call took: its commit is the floor of the pickup."""
     import random
 
     timeouts = 0
+    floors: list[float] = []
     with _queue(dsn, SCHEMA) as q:
         for i in range(samples):
             chan.got.clear()
-            q.enqueue({"n": i, "t0": time.monotonic()})
+            t0 = time.monotonic()
+            q.enqueue({"n": i, "t0": t0})
+            floors.append(time.monotonic() - t0)
             if not chan.got.wait(10.0):
                 timeouts += 1
             time.sleep(random.uniform(*gap))
-    return timeouts
+    return timeouts, floors

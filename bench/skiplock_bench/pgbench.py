@@ -7,6 +7,7 @@ queries.sql says today.  Named parameters become pgbench variables: constants th
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -23,14 +24,18 @@ from .common import find_pgbench
 
 _PARAM = re.compile(r"%\((\w+)\)s")
 
-# The values of the claim's parameters; the complete takes ids and tokens from the claim.
+# The values of the claim's parameters; the complete takes ids, tokens and results
+# (none: a no-op handler's) from the claim.
 CLAIM_CONSTANTS = {"queue": "default", "worker": "pgbench", "lease": "30"}
-FROM_CLAIM = ("ids", "tokens")
+FROM_CLAIM = ("ids", "tokens", "results")
+# Parameters the claim may leave NULL (its scan starts at the head of the queue).
+CLAIM_NULLS = ("from_priority", "from_run_at", "from_id")
 
 
-def _text(stmt: sql.Composable) -> str:
+def _text(stmt: sql.Composable | str) -> str:
     """A statement as SQL text, without its comment lines (pgbench needs none of them)."""
-    lines = [ln for ln in stmt.as_string(None).splitlines() if not ln.lstrip().startswith("--")]
+    text = stmt if isinstance(stmt, str) else stmt.as_string(None)
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("--")]
     return "\n".join(lines).strip().rstrip(";")
 
 
@@ -42,24 +47,84 @@ def _to_pgbench(text: str, allowed: set[str], what: str) -> str:
             f"skiplock's {what} statement has parameters the pgbench script does not know: "
             f"{sorted(unknown)}; give them values in bench/skiplock_bench/pgbench.py"
         )
-    return _PARAM.sub(lambda m: ":" + m.group(1), text).replace("%%", "%")
+    return _PARAM.sub(
+        lambda m: "NULL" if m.group(1) in CLAIM_NULLS else ":" + m.group(1), text
+    ).replace("%%", "%")
 
 
-def render_script(schema: str, batch: int) -> str:
+def split_with(text: str) -> tuple[str | None, str]:
+    """``WITH a AS (...), b AS (...) <final>`` -> ("a AS (...), b AS (...)", "<final>").
+
+    A data-modifying CTE must sit at the top level, so a claim written as a WITH cannot
+    be nested in another CTE: its own CTEs are kept at the top and only its final
+    statement becomes one more CTE.  Parentheses inside quoted literals are skipped.
+    """
+    body = text.strip()
+    if not re.match(r"(?i)with\b", body):
+        return None, body
+    depth, i, quote = 0, 4, ""
+    last_close = -1
+    while i < len(body):
+        ch = body[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                last_close = i
+                rest = body[i + 1 :].lstrip()
+                if not rest.startswith(","):
+                    return body[4 : last_close + 1].strip(), rest
+        i += 1
+    raise ValueError("a WITH statement without a final statement")
+
+
+def _claim_cte(claim: str) -> str:
+    ctes, final = split_with(claim)
+    head = f"WITH {ctes},\n" if ctes else "WITH "
+    return f"{head}bench_claimed AS (\n{final}\n)\n"
+
+
+# Folds the claimed rows into arrays for the complete; a claim that returns one row with
+# NULL columns when it took nothing (the queues LEFT JOIN) gives empty arrays.
+_FOLD = (
+    "SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids,\n"
+    "       coalesce(array_agg(lease_token) FILTER (WHERE id IS NOT NULL), '{}') AS tokens,\n"
+    "       coalesce(array_agg(NULL::text) FILTER (WHERE id IS NOT NULL), '{}') AS results\n"
+    "FROM bench_claimed \\gset\n"
+)
+
+
+def render_script(
+    schema: str,
+    batch: int,
+    *,
+    claim: sql.Composable | str | None = None,
+    complete: sql.Composable | str | None = None,
+) -> str:
+    """One claim of ``batch`` jobs and one complete of them; ``complete=""`` claims only.
+
+    ``claim``/``complete`` default to skiplock's statements of the day; texts given here
+    (already rendered for ``schema``) let the bench compare an older or candidate SQL.
+    """
     stmts = statements(schema)
-    claim = _to_pgbench(_text(stmts.claim), {*CLAIM_CONSTANTS, "limit"}, "claim")
-    complete = _to_pgbench(_text(stmts.complete), set(FROM_CLAIM), "complete")
-    # The claim stays verbatim inside a CTE; only its result is folded into two arrays.
-    return (
-        f"\\set limit {batch}\n"
-        "WITH claimed AS (\n"
-        f"{claim}\n"
-        ")\n"
-        "SELECT coalesce(array_agg(id), '{}') AS ids,\n"
-        "       coalesce(array_agg(lease_token), '{}') AS tokens\n"
-        "FROM claimed \\gset\n"
-        f"{complete};\n"
+    claim_sql = _to_pgbench(
+        _text(stmts.claim if claim is None else claim),
+        {*CLAIM_CONSTANTS, *CLAIM_NULLS, "limit"},
+        "claim",
     )
+    out = f"\\set limit {batch}\n" + _claim_cte(claim_sql) + _FOLD
+    if complete != "":
+        complete_sql = _to_pgbench(
+            _text(stmts.complete if complete is None else complete), set(FROM_CLAIM), "complete"
+        )
+        out += f"{complete_sql};\n"
+    return out
 
 
 @dataclass
@@ -75,17 +140,29 @@ class PgbenchResult:
 
 
 def run(
-    dsn: str, schema: str, *, clients: int, batch: int, transactions: int, threads: int = 2
+    dsn: str,
+    schema: str,
+    *,
+    clients: int,
+    batch: int,
+    transactions: int,
+    threads: int = 2,
+    script: str | None = None,
+    synchronous_commit: bool = True,
 ) -> PgbenchResult:
-    """Claim+complete ``clients * transactions`` batches; the jobs must be enqueued already."""
+    """Claim+complete ``clients * transactions`` batches; the jobs must be enqueued already.
+
+    ``script`` replaces the rendered claim+complete; ``synchronous_commit=False`` runs the
+    clients as skiplock's workers run (Worker(synchronous_commit=False), the default).
+    """
     exe = find_pgbench()
     if exe is None:
         raise RuntimeError("pgbench not found (PATH or /usr/lib/postgresql/*/bin)")
     with psycopg.connect(dsn, autocommit=True) as conn:
         before = _done(conn, schema)
     with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "claim_complete.sql"
-        script.write_text(render_script(schema, batch), encoding="utf-8")
+        path = Path(tmp) / "claim_complete.sql"
+        path.write_text(script or render_script(schema, batch), encoding="utf-8")
         cmd = [
             exe,
             "--no-vacuum",
@@ -93,12 +170,15 @@ def run(
             f"--client={clients}",
             f"--jobs={min(threads, clients)}",
             f"--transactions={transactions}",
-            f"--file={script}",
+            f"--file={path}",
         ]
         for name, value in CLAIM_CONSTANTS.items():
             cmd.append(f"--define={name}={value}")
         cmd.append(dsn)
-        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        env = dict(os.environ)
+        if not synchronous_commit:
+            env["PGOPTIONS"] = (env.get("PGOPTIONS", "") + " -c synchronous_commit=off").strip()
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     out = res.stdout + res.stderr
     if res.returncode != 0:
         raise RuntimeError(f"pgbench failed ({res.returncode}):\n{out[-2000:]}")

@@ -264,7 +264,10 @@ def pickup_targets(res: Results) -> list[str]:
         ks = [
             k
             for k in res.values
-            if k.section == "pickup" and k.lib == "skiplock" and k.metric == metric
+            if k.section == "pickup"
+            and k.lib == "skiplock"
+            and k.metric == metric
+            and not k.config.startswith("enqueue call")
         ]
         if not ks:
             continue
@@ -491,7 +494,11 @@ def _chart_pickup(res: Results, ax: Any) -> None:
     for j, metric in enumerate(("p50 ms", "p99 ms")):
         xs, ys, lo, hi, colors = [], [], [], [], []
         for i, lib in enumerate(libs):
-            ks = [k for k in keys if k.lib == lib and k.metric == metric]
+            ks = [
+                k
+                for k in keys
+                if k.lib == lib and k.metric == metric and not k.config.startswith("enqueue")
+            ]
             if not ks:
                 continue
             m, a, b = _err(res, ks[0])

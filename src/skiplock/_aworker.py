@@ -231,10 +231,15 @@ class AsyncWorker(WorkerBase):
             if free <= 0 or self._stopping.is_set():
                 break
             began = time.monotonic()
-            jobs = await self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            start = self._cursor.start(name, began)
+            jobs = await self._q.claim(
+                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+            )
+            rtt = time.monotonic() - began
+            self._cursor.claimed(name, start, jobs, rtt, began + rtt)
             for job in jobs:
                 self._held[job.attempt] = job
-            self._claimed(name, jobs, time.monotonic() - began)
+            self._claimed(name, jobs, rtt)
             for job in jobs:
                 task = asyncio.create_task(self._run_one(job), name=f"skiplock-job-{job.id}")
                 self._tasks[job.attempt] = task

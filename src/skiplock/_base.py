@@ -321,7 +321,13 @@ class QueueBase:
         )
 
     def _claim_op(
-        self, worker: str, queue: str, limit: int, lease: float, own_transaction: bool = True
+        self,
+        worker: str,
+        queue: str,
+        limit: int,
+        lease: float,
+        own_transaction: bool = True,
+        start: _ops.ClaimPosition | None = None,
     ) -> MakeOp:
         validate_queue(queue)
         if not isinstance(worker, str) or not worker or len(worker) > 200 or "\x00" in worker:
@@ -338,6 +344,7 @@ class QueueBase:
             limit=int(limit),
             lease=float(lease),
             own_transaction=own_transaction,
+            start=start,
         )
 
     def _fenced_op(

@@ -23,6 +23,7 @@ from ._job import Job
 from ._sql import Statements
 
 __all__ = [
+    "ClaimPosition",
     "Copy",
     "Execute",
     "FenceResult",
@@ -36,6 +37,8 @@ __all__ = [
 
 T = TypeVar("T")
 Row = dict[str, Any]
+# A job's place in claim order: (priority, run_at, id).
+ClaimPosition = tuple[int, datetime, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,14 +194,25 @@ def claim(
     limit: int,
     lease: float,
     own_transaction: bool = True,
+    start: ClaimPosition | None = None,
 ) -> Op[list[Job]]:
     """The claim: one statement, or for a limited queue the locked path.
 
     ``own_transaction``: the connection is in autocommit, so the locked path opens and
     commits its own transaction; otherwise it joins the caller's, whose commit then
-    ends the turn of this queue's claims.
+    ends the turn of this queue's claims.  ``start``: the position in claim order the
+    scan starts at (None: the head); see ``ClaimCursor``.
     """
-    params = {"worker": worker, "queue": queue, "limit": limit, "lease": lease}
+    p, r, i = start if start is not None else (None, None, None)
+    params = {
+        "worker": worker,
+        "queue": queue,
+        "limit": limit,
+        "lease": lease,
+        "from_priority": p,
+        "from_run_at": r,
+        "from_id": i,
+    }
     rows = yield Execute(stmts.claim, params)
     if rows and rows[0]["queue_limited"]:
         if own_transaction:

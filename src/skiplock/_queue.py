@@ -34,7 +34,7 @@ from ._config import RetryPolicy
 from ._control import QueueConfig
 from ._errors import DatabaseUnavailable
 from ._job import Job
-from ._ops import Copy, Execute, FenceResult, Op
+from ._ops import ClaimPosition, Copy, Execute, FenceResult, Op
 from ._sql import channel_name
 
 __all__ = ["Queue", "run_op"]
@@ -287,17 +287,20 @@ class Queue(QueueBase):
         limit: int = 1,
         lease: float = 30.0,
         conn: psycopg.Connection[Any] | None = None,
+        start: ClaimPosition | None = None,
     ) -> list[Job]:
         """Take up to ``limit`` due jobs, committed, each with a fresh lease token.
 
         A paused queue gives nothing; a queue with a concurrency or rate limit gives
         no more than the limit allows.  With ``conn`` the claim joins that connection's
         transaction and commits with it (the "hold the lock for the whole job"
-        pattern); the caller owns errors.
+        pattern); the caller owns errors.  ``start`` (priority, run_at, id) begins the
+        scan at that place in claim order instead of the head: jobs sorting before it
+        are not taken by this claim (the worker's ``ClaimCursor`` passes it).
         """
         own = conn is None or conn.autocommit
         jobs = self._execute(
-            self._claim_op(worker, queue, limit, lease, own), conn=conn, what="claim"
+            self._claim_op(worker, queue, limit, lease, own, start), conn=conn, what="claim"
         )
         return list(jobs)
 

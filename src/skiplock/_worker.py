@@ -345,8 +345,12 @@ class Worker(WorkerBase):
             if free <= 0 or self._stopping.is_set():
                 break
             began = time.monotonic()
-            jobs = self._q.claim(worker=self.name, queue=name, limit=free, lease=self.lease)
+            start = self._cursor.start(name, began)
+            jobs = self._q.claim(
+                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+            )
             rtt = time.monotonic() - began
+            self._cursor.claimed(name, start, jobs, rtt, began + rtt)
             self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
             with self._inflight_lock:
                 for job in jobs:

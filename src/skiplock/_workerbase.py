@@ -19,6 +19,7 @@ from typing import Any
 
 from ._base import QueueBase, QueueSettings
 from ._config import validate_queue
+from ._cursor import ClaimCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, Outcome
 from ._job import Job
@@ -172,6 +173,9 @@ class WorkerBase:
         self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
+        # Each claim starts past the last one (see ClaimCursor: a held xmin or a long
+        # unvacuumed history would otherwise cost every claim a visit per dead entry).
+        self._cursor = ClaimCursor()
         self._on_event = on_event
         self._on_measure = on_measure
         self.retention = retention

@@ -35,7 +35,13 @@ def interleavings(*seqs: Sequence[str]) -> Iterator[list[str]]:
 
 
 def claim_params(session: str) -> dict[str, Any]:
-    return {"worker": session, "queue": "default", "limit": 1, "lease": 30.0}
+    return {
+        "worker": session,
+        "queue": "default",
+        "limit": 1,
+        "lease": 30.0,
+        **dict.fromkeys(("from_priority", "from_run_at", "from_id")),  # from the head
+    }
 
 
 def run_spec(

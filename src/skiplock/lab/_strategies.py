@@ -92,6 +92,10 @@ class ClaimContext:
             "queue": self.queue,
             "lease": self.lease,
             "ids": list(ids),
+            # skiplock's claim may start at a position in claim order: here the head.
+            "from_priority": None,
+            "from_run_at": None,
+            "from_id": None,
         }
 
 

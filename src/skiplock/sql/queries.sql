@@ -15,23 +15,41 @@
 -- subquery claim lacked.  The fresh lease_token is the fence for every later write.
 -- The queue's row in `queues` (if any) is read first: a paused queue gives nothing,
 -- and a limited one gives nothing here either but says so (queue_limited), and the
--- caller takes the locked path, `claim_limited`.  The LEFT JOIN returns that one row
--- even when nothing was claimed.
+-- caller takes the locked path, `claim_limited`.  The row is read as it is (zero or one
+-- row, no aggregate) and the FULL JOIN returns it alone when nothing was claimed; a
+-- queue without a row and nothing claimed returns no row at all.  (An aggregate over
+-- the lookup and a LEFT JOIN from it cost the claim a seventh of its server time and
+-- an idle poll a fifth of its rate: bench/README.md, sqlcmp.)
+-- The scan may start at a position in claim order (from_*; all NULL: the head).  A
+-- worker passes where its last claim ended: the index entries before it are jobs
+-- already taken, and while a transaction holds back xmin (or nothing has vacuumed a
+-- long history) each costs a heap visit to every claim that walks past it, so a claim
+-- from the head grows with the history instead of with the batch.  Which jobs a claim
+-- may take does not depend on it, only how soon one that sorts before the position is
+-- seen: the worker claims from the head again after 20 times that claim's own duration
+-- (every 50 ms on a clean table, at most every 10 s: _cursor.py).
+-- The UPDATE finds each picked row by its ctid, the version the CTE locked (nobody can
+-- change it while we hold the lock): by id alone, the planner trusted a stale estimate
+-- of one pending row and scanned jobs_claimable_idx for every picked row, 72 ms a claim
+-- after a million-job history (0.46 ms by ctid).  A picked row updated by another
+-- transaction after our snapshot is not found by ctid and simply not claimed this time.
 WITH cfg AS MATERIALIZED (
-    SELECT coalesce(bool_or(q.paused), false) AS paused,
-           coalesce(bool_or(q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL),
-                    false) AS limited,
-           coalesce(bool_and(q.store_results), true) AS store_results
+    SELECT q.paused OR q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS stop,
+           q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS limited,
+           q.store_results
     FROM {schema}.queues AS q
     WHERE q.name = %(queue)s
 ),
 picked AS MATERIALIZED (
-    SELECT id
+    SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'pending'
       AND queue = %(queue)s
       AND run_at <= now()
-      AND NOT (SELECT paused OR limited FROM cfg)
+      AND (priority, run_at, id) >= (coalesce(%(from_priority)s::integer, -2147483648),
+                                     coalesce(%(from_run_at)s::timestamptz, '-infinity'),
+                                     coalesce(%(from_id)s::bigint, -9223372036854775808))
+      AND NOT EXISTS (SELECT FROM cfg WHERE cfg.stop)
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -46,12 +64,14 @@ claimed AS (
         attempts     = j.attempts + 1,
         lease_token  = gen_random_uuid()
     FROM picked
-    WHERE j.id = picked.id
+    WHERE j.ctid = picked.ctid  -- the version locked above: a TID scan
+      AND j.id = picked.id
       AND j.status = 'pending'
     RETURNING j.*
 )
-SELECT claimed.*, cfg.limited AS queue_limited, cfg.store_results AS store_result
-FROM cfg LEFT JOIN claimed ON true;
+SELECT claimed.*, coalesce(cfg.limited, false) AS queue_limited,
+       coalesce(cfg.store_results, true) AS store_result
+FROM claimed FULL JOIN cfg ON true;
 
 -- name: lock_queue
 -- The locked path of a limited queue, inside one transaction: this row lock makes the
@@ -90,7 +110,7 @@ allowed AS MATERIALIZED (
     FROM cfg
 ),
 picked AS MATERIALIZED (
-    SELECT id
+    SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'pending'
       AND queue = %(queue)s
@@ -109,7 +129,8 @@ claimed AS (
         attempts     = j.attempts + 1,
         lease_token  = gen_random_uuid()
     FROM picked
-    WHERE j.id = picked.id
+    WHERE j.ctid = picked.ctid  -- the version locked above: a TID scan
+      AND j.id = picked.id
       AND j.status = 'pending'
     RETURNING j.*
 ),
@@ -129,24 +150,21 @@ FROM claimed, cfg;
 -- A lease that ran out still completes if nobody swept or re-claimed the job.  A job
 -- whose cancel was asked while it ran ends `cancelled`: done is never written over a
 -- cancel.  Someone waiting on the job (notify_finish) is told; nobody else pays for a
--- NOTIFY.
-WITH finished AS (
-    UPDATE {schema}.jobs AS j
-    SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
-        finished_at  = now(),
-        locked_until = NULL,
-        result       = f.result::jsonb,
-        completions  = j.completions + 1  -- verify's record; the fence keeps it at 1
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[])
-         AS f(id, token, result)
-    WHERE j.id = f.id
-      AND j.lease_token = f.token
-      AND j.status = 'running'
-    RETURNING j.id, j.lease_token, j.status, j.notify_finish
-)
-SELECT id, lease_token, status,
-       CASE WHEN notify_finish THEN pg_notify({channel}, 'finished:' || id) END AS notified
-FROM finished;
+-- NOTIFY.  The NOTIFY sits in RETURNING: no CTE to materialise and read again.
+UPDATE {schema}.jobs AS j
+SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
+    finished_at  = now(),
+    locked_until = NULL,
+    result       = f.result::jsonb,
+    completions  = j.completions + 1  -- verify's record; the fence keeps it at 1
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[])
+     AS f(id, token, result)
+WHERE j.id = f.id
+  AND j.lease_token = f.token
+  AND j.status = 'running'
+RETURNING j.id, j.lease_token, j.status,
+          CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
+              AS notified;
 
 -- name: fail
 -- Fenced like `complete`.  While attempts remain and a retry is wanted, the job goes
@@ -225,7 +243,7 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 -- can sweep at once with no leader.  Clearing the status kills the old lease token:
 -- the fence needs status = 'running'.
 WITH expired AS MATERIALIZED (
-    SELECT id
+    SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'running'
       AND locked_until < now()
@@ -242,7 +260,8 @@ SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
     last_error   = 'lease expired on worker ' || coalesce(j.worker, '?')
                    || ' during attempt ' || j.attempts || ' of ' || j.max_attempts
 FROM expired
-WHERE j.id = expired.id
+WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
+  AND j.id = expired.id
   AND j.status = 'running'
   AND j.locked_until < now()
 RETURNING j.id, j.status;

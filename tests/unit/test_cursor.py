@@ -1,0 +1,78 @@
+"""ClaimCursor: where a worker's next claim starts, and how soon it claims from the head."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from skiplock._cursor import ClaimCursor
+from skiplock._job import Job
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def job(i: int, priority: int = 0, dt: float = 0.0) -> Job:
+    row: dict[str, Any] = dict.fromkeys(
+        (
+            "worker",
+            "lease_token",
+            "locked_until",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "last_error",
+            "idempotency_key",
+        )
+    )
+    row |= {
+        "id": i,
+        "queue": "q",
+        "payload": {},
+        "status": "running",
+        "priority": priority,
+        "run_at": T0 + timedelta(seconds=dt),
+        "attempts": 1,
+        "max_attempts": 5,
+    }
+    return Job.from_row(row)
+
+
+def test_first_claim_is_from_the_head_and_the_next_starts_past_it() -> None:
+    c = ClaimCursor()
+    assert c.start("q", 0.0) is None
+    c.claimed("q", None, [job(3, dt=2), job(1), job(2, dt=1)], 0.001, 0.001)
+    assert c.start("q", 0.01) == (0, T0 + timedelta(seconds=2), 3)
+    assert c.start("other", 0.01) is None  # each queue on its own
+
+
+def test_a_claim_from_the_head_is_due_again_after_factor_times_its_cost() -> None:
+    c = ClaimCursor(floor=0.05, cap=1.0, factor=20.0)
+    c.claimed("q", None, [job(1)], 0.010, 0.0)  # took 10 ms: next head claim 200 ms on
+    assert c.start("q", 0.19) is not None
+    assert c.start("q", 0.21) is None
+    c.claimed("q", None, [job(2)], 0.001, 1.0)  # cheap: the floor
+    assert c.start("q", 1.04) is not None
+    assert c.start("q", 1.06) is None
+    c.claimed("q", None, [job(3)], 0.5, 2.0)  # expensive: at most the cap
+    assert c.start("q", 2.99) is not None
+    assert c.start("q", 3.01) is None
+
+
+def test_a_claim_past_the_position_does_not_push_the_head_claim_back() -> None:
+    c = ClaimCursor(floor=0.05, cap=1.0, factor=20.0)
+    c.claimed("q", None, [job(1)], 0.001, 0.0)
+    start = c.start("q", 0.01)
+    assert start is not None
+    c.claimed("q", start, [job(2)], 0.001, 0.02)
+    assert c.start("q", 0.06) is None
+
+
+def test_an_empty_claim_keeps_the_position_and_a_head_claim_may_move_it_back() -> None:
+    c = ClaimCursor()
+    c.claimed("q", None, [job(5, dt=5)], 0.001, 0.0)
+    start = c.start("q", 0.01)
+    c.claimed("q", start, [], 0.001, 0.01)
+    assert c.start("q", 0.02) == (0, T0 + timedelta(seconds=5), 5)
+    # A head claim found a job before the position (say a swept lease): continue there.
+    c.claimed("q", None, [job(2, priority=-1)], 0.001, 10.0)
+    assert c.start("q", 10.01) == (-1, T0, 2)
