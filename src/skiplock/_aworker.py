@@ -288,12 +288,14 @@ class AsyncWorker(WorkerBase):
 
     async def _sweep(self) -> None:
         assert self._q is not None and self._wake is not None
+        start = time.monotonic()
+        window = self._sweeps.window(start)
         try:
-            n = await self._q.sweep()
+            n = await self._q.sweep(window=window)
         except _DB_ERRORS as exc:
             self._upkeep_failed("sweep", exc)
             return
-        self.swept(n)
+        self.swept(n, window, start, time.monotonic() - start)
         if n:
             self._wake.set()
 

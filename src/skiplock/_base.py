@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import select
 import threading
@@ -395,8 +396,11 @@ class QueueBase:
         if result.lost:
             raise LeaseLost(result.lost, action)
 
-    def _sweep_op(self, limit: int) -> MakeOp:
-        return lambda _after: _single(self._stmts.sweep, {"limit": limit})
+    def _sweep_op(self, limit: int, window: float | None = None) -> MakeOp:
+        if window is not None and not (window >= 0.0 and math.isfinite(window)):
+            raise ValueError(f"sweep window must be a finite number >= 0, got {window!r}")
+        params = {"limit": limit, "window": window}
+        return lambda _after: _single(self._stmts.sweep, params)
 
     def _prune_op(self, older_than: float, limit: int) -> MakeOp:
         params = {"older_than": float(older_than), "limit": int(limit)}

@@ -1,4 +1,4 @@
-"""Where a worker's next claim of a queue starts: past its last claim, and now and then the head."""
+"""Where a worker's next claim of a queue starts, and how far back its next sweep looks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from ._job import Job
 from ._ops import ClaimPosition
 
-__all__ = ["ClaimCursor"]
+__all__ = ["ClaimCursor", "SweepCursor"]
 
 
 class ClaimCursor:
@@ -56,3 +56,43 @@ class ClaimCursor:
             # Where this claim stopped, even behind the old position (a claim from the
             # head that found jobs there): the next one continues from it.
             self._position[queue] = max((j.priority, j.run_at, j.id) for j in jobs)
+
+
+class SweepCursor:
+    """How far back a worker's next sweep looks for leases that ran out.
+
+    The leases index keeps an entry for every lease a running row ever had.  While a
+    transaction holds back xmin none of them can be marked dead, so a sweep that scans
+    every lease in the past visits the heap once for each job finished since the hold
+    began: 99 ms and 20,761 buffers a sweep after minutes of it, growing for as long as
+    the hold lasts.  A lease that ran out before this worker's previous sweep started was
+    that sweep's to return (it saw every committed lease up to then, SKIP LOCKED aside), so
+    the next one looks back only to ``margin`` seconds before it: its cost follows the
+    sweep interval, not the hold.
+
+    Two cases escape that window, and a sweep from the start, every ``full_every``
+    seconds (or ``factor`` times its own duration, if longer), returns them: a lease
+    written by a transaction that committed after that sweep's snapshot yet ran out
+    before it (a claim or heartbeat slower than the lease, less ``margin``), and a row
+    the previous sweep skipped because a heartbeat held it and then rolled back.
+    """
+
+    def __init__(self, *, margin: float = 2.0, full_every: float = 30.0, factor: float = 20.0):
+        self.margin = margin
+        self.full_every = full_every
+        self.factor = factor
+        self._last_start: float | None = None
+        self._next_full = 0.0
+
+    def window(self, now: float) -> float | None:
+        """Seconds the sweep starting at ``now`` looks back; None: all the way."""
+        if self._last_start is None or now >= self._next_full:
+            return None
+        return now - self._last_start + self.margin
+
+    def swept(self, window: float | None, start: float, seconds: float) -> None:
+        """Record a sweep that succeeded (a failed one moves nothing: the next looks back
+        to the last that did)."""
+        self._last_start = start
+        if window is None:
+            self._next_full = start + seconds + max(self.full_every, self.factor * seconds)

@@ -388,11 +388,16 @@ class Queue(QueueBase):
             self._count_lost(len(res.lost))
         return res
 
-    def sweep(self, *, limit: int = 1000) -> int:
-        """Return jobs with expired leases to pending (or failed); returns how many."""
+    def sweep(self, *, limit: int = 1000, window: float | None = None) -> int:
+        """Return jobs with expired leases to pending (or failed); returns how many.
+
+        ``window``: look only at leases that ran out in the last that many seconds (a
+        worker passes a little more than the time since its previous sweep, which took
+        the older ones); None looks at all of them.
+        """
         total = 0
         while True:
-            rows = self._execute(self._sweep_op(limit), what="sweep")
+            rows = self._execute(self._sweep_op(limit, window), what="sweep")
             total += len(rows)
             if len(rows) < limit:
                 return total

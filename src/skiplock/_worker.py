@@ -367,12 +367,14 @@ class Worker(WorkerBase):
 
     def _sweep(self) -> None:
         assert self._q is not None
+        start = time.monotonic()
+        window = self._sweeps.window(start)
         try:
-            n = self._q.sweep()
+            n = self._q.sweep(window=window)
         except _DB_ERRORS as exc:
             self._upkeep_failed("sweep", exc)
             return
-        self.swept(n)
+        self.swept(n, window, start, time.monotonic() - start)
         if n:
             self._wake.set()
 

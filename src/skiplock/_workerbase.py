@@ -19,7 +19,7 @@ from typing import Any
 
 from ._base import QueueBase, QueueSettings
 from ._config import validate_queue
-from ._cursor import ClaimCursor
+from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, Outcome
 from ._job import Job
@@ -176,6 +176,7 @@ class WorkerBase:
         # Each claim starts past the last one (see ClaimCursor: a held xmin or a long
         # unvacuumed history would otherwise cost every claim a visit per dead entry).
         self._cursor = ClaimCursor()
+        self._sweeps = SweepCursor()  # and each sweep looks back past the last one only
         self._on_event = on_event
         self._on_measure = on_measure
         self.retention = retention
@@ -301,7 +302,9 @@ class WorkerBase:
         self._lost(res.lost, "heartbeat found them swept, re-claimed or cancelled")
         return lost
 
-    def swept(self, n: int) -> None:
+    def swept(self, n: int, window: float | None, start: float, seconds: float) -> None:
+        """Count a sweep that started at ``start`` (monotonic) looking back ``window``."""
+        self._sweeps.swept(window, start, seconds)
         if n:
             self.stats.add(sweeps_recovered=n)
             self._measure("swept", n, None)

@@ -102,6 +102,28 @@ def test_fencing_after_sweep_and_reclaim(queue: Queue, admin: psycopg.Connection
         queue.complete(second)  # a second completion is rejected too
 
 
+def test_sweep_window_looks_back_only_that_far(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    recent, old = queue.enqueue({"n": 1}), queue.enqueue({"n": 2})
+    queue.claim(worker="w1", lease=30, limit=2)
+    expire(admin, queue.schema, recent)  # ran out 1 s ago
+    admin.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET locked_until = now() - interval '2 minutes' WHERE id = %s"
+        ).format(sql.Identifier(queue.schema)),
+        (old,),
+    )
+    assert queue.sweep(window=60.0) == 1  # the one that ran out within the last minute
+    assert row(admin, queue.schema, recent)["status"] == "pending"
+    assert row(admin, queue.schema, old)["status"] == "running"
+    assert queue.sweep() == 1  # no window: all the way back
+    assert row(admin, queue.schema, old)["status"] == "pending"
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="sweep window"):
+            queue.sweep(window=bad)
+
+
 def test_expired_but_untouched_lease_may_still_complete(
     queue: Queue, admin: psycopg.Connection[Any]
 ) -> None:

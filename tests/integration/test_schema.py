@@ -73,6 +73,42 @@ def test_claim_uses_the_partial_index(
     plan = _plan(admin, statements(queue.schema).claim, params)
     assert "jobs_claimable_idx" in plan
     assert '"Seq Scan"' not in plan
-    sweep_plan = _plan(admin, statements(queue.schema).sweep, {"limit": 100})
-    assert "jobs_leases_idx" in sweep_plan
+    sweep_plan = _plan(admin, statements(queue.schema).sweep, {"limit": 100, "window": 5.0})
+    assert "jobs_running_leases_idx" in sweep_plan
     assert '"Seq Scan"' not in sweep_plan
+
+
+def test_fenced_writes_find_their_rows_by_id_never_through_the_leases_index(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """Migration 0006: a fenced write's WHERE must not imply the leases index's predicate.
+
+    Statistics that say nothing runs (the truth, most of the time) made the planner read
+    the whole partial index on running rows for each complete; while an xmin is held that
+    index holds every lease ever written.  Seq scans are turned off here so that the only
+    choice left is between the primary key and that index.
+    """
+    queue.enqueue_many([{}] * 2000, queue="q")
+    admin.execute(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(queue.schema)))
+    jobs = queue.claim(worker="w", queue="q", limit=10)
+    ids, tokens = [j.id for j in jobs], [j.lease_token for j in jobs]
+    stmts = statements(queue.schema)
+    cases = {
+        "complete": (stmts.complete, {"results": [None] * len(ids)}),
+        "heartbeat": (stmts.heartbeat, {"lease": 30.0}),
+        "release": (stmts.release, {}),
+        "fail": (
+            stmts.fail,
+            {
+                "errors": [None] * len(ids),
+                "delays": [0.0] * len(ids),
+                "retries": [True] * len(ids),
+            },
+        ),
+    }
+    with admin.transaction():
+        admin.execute("SET LOCAL enable_seqscan = off")
+        for name, (stmt, extra) in cases.items():
+            plan = _plan(admin, stmt, {"ids": ids, "tokens": tokens} | extra)
+            assert "jobs_pkey" in plan, name
+            assert "leases_idx" not in plan, name

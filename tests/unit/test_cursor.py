@@ -1,11 +1,11 @@
-"""ClaimCursor: where a worker's next claim starts, and how soon it claims from the head."""
+"""ClaimCursor and SweepCursor: where a claim starts, how far back a sweep looks."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from skiplock._cursor import ClaimCursor
+from skiplock._cursor import ClaimCursor, SweepCursor
 from skiplock._job import Job
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -76,3 +76,22 @@ def test_an_empty_claim_keeps_the_position_and_a_head_claim_may_move_it_back() -
     # A head claim found a job before the position (say a swept lease): continue there.
     c.claimed("q", None, [job(2, priority=-1)], 0.001, 10.0)
     assert c.start("q", 10.01) == (-1, T0, 2)
+
+
+def test_sweep_looks_all_the_way_back_first_then_only_past_the_last_sweep() -> None:
+    s = SweepCursor(margin=2.0, full_every=30.0, factor=20.0)
+    assert s.window(100.0) is None  # nothing swept yet: every lease in the past
+    s.swept(None, start=100.0, seconds=0.1)
+    assert s.window(102.5) == 2.5 + 2.0  # since the last sweep started, plus the margin
+    s.swept(4.5, start=102.5, seconds=0.01)
+    assert s.window(105.0) == 2.5 + 2.0
+    assert s.window(130.1) is None  # a full sweep again every 30 s
+
+
+def test_a_failed_sweep_moves_nothing_and_a_slow_full_sweep_comes_less_often() -> None:
+    s = SweepCursor(margin=2.0, full_every=30.0, factor=20.0)
+    s.swept(None, start=0.0, seconds=3.0)  # a full sweep that took 3 s
+    # A sweep at 5 s failed (not recorded): the one at 10 s looks back to the last success.
+    assert s.window(10.0) == 10.0 + 2.0
+    assert s.window(62.9) is not None  # 3 s + 20 * 3 s: its cost stays a 20th of the time
+    assert s.window(63.0) is None

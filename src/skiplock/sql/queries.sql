@@ -105,7 +105,8 @@ allowed AS MATERIALIZED (
     SELECT CASE WHEN cfg.paused THEN 0 ELSE greatest(0, least(
                %(limit)s::bigint,
                cfg.concurrency_limit - (SELECT count(*) FROM {schema}.jobs AS r
-                                        WHERE r.status = 'running' AND r.queue = %(queue)s),
+                                        WHERE r.status = 'running' AND r.queue = %(queue)s
+                                          AND r.locked_until IS NOT NULL),
                floor(cfg.tokens)::bigint)) END AS n
     FROM cfg
 ),
@@ -242,11 +243,20 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 -- rows being heartbeated or swept by another worker are left alone, so every worker
 -- can sweep at once with no leader.  Clearing the status kills the old lease token:
 -- the fence needs status = 'running'.
+-- A sweep may look back only `window` seconds (NULL: all the way).  jobs_running_leases_idx
+-- keeps an entry for every lease a running row ever had; while a transaction holds back
+-- xmin none of them can be marked dead, and a sweep from the start visits the heap for
+-- each (20,761 buffers and 99 ms a sweep after minutes of a held xmin, bench/README.md).
+-- A lease that ran out before the worker's previous sweep was that sweep's to take, so
+-- the worker looks back to a little before it, and all the way now and then
+-- (_cursor.SweepCursor).
 WITH expired AS MATERIALIZED (
     SELECT id, ctid
     FROM {schema}.jobs
     WHERE status = 'running'
       AND locked_until < now()
+      AND locked_until >= coalesce(now() - make_interval(secs => %(window)s::float8),
+                                   '-infinity')
     ORDER BY locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

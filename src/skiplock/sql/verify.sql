@@ -16,7 +16,7 @@ FROM (SELECT to_regclass(format('%%I.jobs', %(schema)s::text))::oid AS oid) AS c
 -- name: expired_leases
 -- Running jobs whose lease ran out longer than the grace ago.  The sweeper returns an
 -- expired lease within seconds, so any row here means no worker is sweeping (or every
--- sweeper is failing).  Reads jobs_leases_idx.
+-- sweeper is failing).  Reads jobs_running_leases_idx.
 SELECT id, queue, worker, attempts, max_attempts,
        extract(epoch FROM now() - locked_until)::float8 AS overdue_seconds,
        count(*) OVER () AS total
