@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 import select
 import threading
@@ -397,8 +396,8 @@ class QueueBase:
             raise LeaseLost(result.lost, action)
 
     def _sweep_op(self, limit: int, window: float | None = None) -> MakeOp:
-        if window is not None and not (window >= 0.0 and math.isfinite(window)):
-            raise ValueError(f"sweep window must be a finite number >= 0, got {window!r}")
+        if window is not None:
+            _check_window(window)
         params = {"limit": limit, "window": window}
         return lambda _after: _single(self._stmts.sweep, params)
 
@@ -518,6 +517,15 @@ def _check_lease(lease: float) -> None:
     # `not 0 < x` also refuses NaN.
     if not 0 < lease <= MAX_DELAY_SECONDS:
         raise ValueError("lease must be a positive, finite number of seconds (at most 100 years)")
+
+
+def _check_window(window: float) -> None:
+    # `not 0 <= x` also refuses NaN; the cap keeps now() - window inside timestamptz.
+    if not 0 <= window <= MAX_DELAY_SECONDS:
+        raise ValueError(
+            f"sweep window must be a finite number of seconds >= 0 (at most 100 years), "
+            f"not {window!r}"
+        )
 
 
 def _clamp_delay(delay: float) -> float:

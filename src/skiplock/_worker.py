@@ -374,7 +374,7 @@ class Worker(WorkerBase):
         except _DB_ERRORS as exc:
             self._upkeep_failed("sweep", exc)
             return
-        self.swept(n, window, start, time.monotonic() - start)
+        self.swept(n, window, start)
         if n:
             self._wake.set()
 

@@ -302,9 +302,9 @@ class WorkerBase:
         self._lost(res.lost, "heartbeat found them swept, re-claimed or cancelled")
         return lost
 
-    def swept(self, n: int, window: float | None, start: float, seconds: float) -> None:
+    def swept(self, n: int, window: float | None, start: float) -> None:
         """Count a sweep that started at ``start`` (monotonic) looking back ``window``."""
-        self._sweeps.swept(window, start, seconds)
+        self._sweeps.swept(window, start, time.monotonic() - start)
         if n:
             self.stats.add(sweeps_recovered=n)
             self._measure("swept", n, None)

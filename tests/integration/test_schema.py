@@ -73,9 +73,10 @@ def test_claim_uses_the_partial_index(
     plan = _plan(admin, statements(queue.schema).claim, params)
     assert "jobs_claimable_idx" in plan
     assert '"Seq Scan"' not in plan
-    sweep_plan = _plan(admin, statements(queue.schema).sweep, {"limit": 100, "window": 5.0})
-    assert "jobs_running_leases_idx" in sweep_plan
-    assert '"Seq Scan"' not in sweep_plan
+    for window in (5.0, None):  # a worker's windowed sweep, and a full one
+        sweep_plan = _plan(admin, statements(queue.schema).sweep, {"limit": 100, "window": window})
+        assert "jobs_running_leases_idx" in sweep_plan, window
+        assert '"Seq Scan"' not in sweep_plan, window
 
 
 def test_fenced_writes_find_their_rows_by_id_never_through_the_leases_index(
