@@ -33,12 +33,6 @@ __all__ = ["DemoConfig", "DemoError", "DemoResult", "KilledWorker", "run_demo"]
 
 FINISHED = ("done", "failed", "cancelled")
 
-_RUNNING_BY_WORKER = """
-SELECT worker, count(*) FROM {schema}.jobs
-WHERE status = 'running' AND queue = %(queue)s
-GROUP BY worker ORDER BY count(*) DESC, worker
-"""
-
 _HELD_BY = """
 SELECT id, (payload ->> 'invoice_id')::bigint FROM {schema}.jobs
 WHERE status = 'running' AND worker = %(worker)s
@@ -70,7 +64,8 @@ class DemoConfig:
     (``concurrency``, skiplock's Worker only), jobs per claim (``batch``, the poll
     loop's ``LIMIT``), the lease (short, so a killed worker's jobs come back within
     seconds), the poll tick of the postmortem's loop, the provider's latency per send,
-    and how far the backlog drains before the kill.
+    and the share of the invoices sent before one handler parks mid-job, its email sent
+    and its job not completed, and its worker is SIGKILLed.
     """
 
     invoices: int = 2000
@@ -255,6 +250,11 @@ def _drain(
         epoch=mp.RawValue("d", 0.0),
         stop=mp.RawValue("b", 0),
         first_claimed=mp.RawArray("b", config.workers),
+        sent=mp.Value("q", 0),
+        # The send after kill_after of the invoices parks its handler (see _ParkOnce);
+        # some handler makes that send, since every invoice is sent at least once.
+        park_at=mp.RawValue("q", int(config.kill_after * n) + 1 if config.kill_worker else 0),
+        parked=mp.RawValue("q", 0),
     )
     names = [f"{marker}-w{i}" for i in range(config.workers)]
     pairs = (config.workers + 1) // 2
@@ -306,8 +306,8 @@ def _drain(
             finished, failed = _finished(q)
             if on_progress is not None:
                 on_progress(finished, n)
-            if kill is None and config.kill_worker and finished >= config.kill_after * n:
-                kill = _kill_one(conn, schema, procs, names, finished)
+            if kill is None and signals.parked.value:
+                kill = _kill_one(conn, schema, procs[signals.parked.value - 1], finished)
             if finished >= n:
                 break
             for i, p in enumerate(procs):
@@ -376,25 +376,18 @@ def _finished(q: Queue) -> tuple[int, int]:
 
 
 def _kill_one(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    procs: Sequence[BaseProcess],
-    names: list[str],
-    finished: int,
+    conn: psycopg.Connection[Any], schema: str, proc: BaseProcess, finished: int
 ) -> _Kill:
-    """SIGKILL the worker holding the most running jobs (the first one if none holds any)."""
-    rows = conn.execute(_sql(_RUNNING_BY_WORKER, schema), {"queue": QUEUE}).fetchall()
-    holding = [str(r[0]) for r in rows if r[0] in names]
-    victim = names.index(holding[0]) if holding else 0
-    proc = procs[victim]
+    """SIGKILL the worker whose handler parked mid-job, and note what it held."""
     proc.kill()  # SIGKILL: no shutdown, no release, no last write
     proc.join(5)
     at = _db_now(conn)
     # The dead worker's sessions are gone or going; a statement it had already sent may
-    # still commit, which _killed_summary tells apart from a recovery.
-    held = dict(conn.execute(_sql(_HELD_BY, schema), {"worker": names[victim]}).fetchall())
+    # still commit, which _killed_summary tells apart from a recovery.  The parked job is
+    # among the held ones: its completion was never sent.
+    held = dict(conn.execute(_sql(_HELD_BY, schema), {"worker": proc.name}).fetchall())
     assert proc.pid is not None
-    return _Kill(names[victim], proc.pid, finished, at, held)
+    return _Kill(proc.name, proc.pid, finished, at, held)
 
 
 def _killed_summary(

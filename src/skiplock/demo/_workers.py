@@ -17,13 +17,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pgerrors
 
-from skiplock import Queue, Worker
+from skiplock import Job, Queue, Worker
 from skiplock.lab import ClaimContext, Strategy, get_strategy, lab_statement, run_steps
 
 from ._invoices import QUEUE, InvoiceMailer
@@ -39,6 +40,12 @@ class _Barrier(Protocol):
 
 class _Value(Protocol):
     value: float
+
+
+class _Counter(Protocol):
+    value: int
+
+    def get_lock(self) -> AbstractContextManager[Any]: ...
 
 
 class _Flags(Protocol):
@@ -57,17 +64,25 @@ class Signals:
     every worker starts, so that all replicas begin at once; negative means "do not
     start".  ``stop``: finish the work in hand and exit.  ``first_claimed[i]``: the
     statements of worker ``i``'s first claim have returned (its partner stops waiting
-    for it then).
+    for it then).  ``sent``: jobs whose handler has returned, across all workers.
+    ``park_at``: 0, or the value of ``sent`` at which that job's handler parks instead of
+    returning (``--kill-worker``).  ``parked``: 0 until then, then the parked worker's
+    index plus one.
 
     After the start everything is a lock-free flag, polled: a worker SIGKILLed while
     waiting on a multiprocessing Event or Condition leaves it unusable (``set()`` then
     waits forever for the dead sleeper to acknowledge), and killing workers is the point.
+    The one lock, ``sent``'s, is safe: the only worker killed is the parked one, and it
+    parks after releasing it.
     """
 
     ready: _Barrier
     epoch: _Value
     stop: _Value
     first_claimed: _Flags
+    sent: _Counter
+    park_at: _Counter
+    parked: _Counter
 
 
 @dataclass(frozen=True)
@@ -109,7 +124,11 @@ def worker_main(spec: WorkerSpec, signals: Signals) -> None:
         signals.ready.abort()
         raise
     try:
-        mailer = InvoiceMailer(db, spec.provider_url, spec.name, idempotency=spec.idempotency)
+        mailer = _ParkOnce(
+            InvoiceMailer(db, spec.provider_url, spec.name, idempotency=spec.idempotency),
+            spec.index,
+            signals,
+        )
         if spec.strategy == "skip-locked":
             _run_worker(spec, signals, db, mailer)
         else:
@@ -122,6 +141,35 @@ def worker_main(spec: WorkerSpec, signals: Signals) -> None:
 
 class _Abandoned(Exception):
     """The coordinator gave up before the start."""
+
+
+class _ParkOnce:
+    """The handler, except that the one job whose send makes ``sent`` reach ``park_at``
+    never returns: its email has gone out and its audit row is written, but the job is
+    not completed, until the coordinator SIGKILLs this worker.
+
+    This is how ``--kill-worker`` kills a worker *mid-job* on every run: choosing a
+    victim by what it holds at some instant can pick one that holds nothing (a fast
+    machine drains a small backlog between two looks), and then there is nothing to
+    recover.  Its other handler threads go on working until the kill, its heartbeats go
+    on renewing the parked job's lease; only the SIGKILL stops both.
+    """
+
+    def __init__(self, handler: Callable[[Job], None], index: int, signals: Signals) -> None:
+        self.handler = handler
+        self.index = index
+        self.signals = signals
+
+    def __call__(self, job: Job) -> None:
+        self.handler(job)
+        signals = self.signals
+        with signals.sent.get_lock():
+            signals.sent.value += 1
+            park = signals.sent.value == signals.park_at.value
+        if park:
+            signals.parked.value = self.index + 1
+            while not _stopped(signals):  # SIGKILLed long before this
+                time.sleep(0.05)
 
 
 def _stopped(signals: Signals) -> bool:
@@ -155,7 +203,9 @@ def _wait_for_start(spec: WorkerSpec, signals: Signals) -> float:
 # -- skiplock's Worker -------------------------------------------------------------------
 
 
-def _run_worker(spec: WorkerSpec, signals: Signals, db: Queue, mailer: InvoiceMailer) -> None:
+def _run_worker(
+    spec: WorkerSpec, signals: Signals, db: Queue, mailer: Callable[[Job], None]
+) -> None:
     # The Worker opens its own connections from these settings; no pool of its own.
     settings = Queue(spec.dsn, schema=spec.schema, open=False)
     worker = Worker(
@@ -198,7 +248,11 @@ SELECT EXISTS (
 
 
 def _run_poll_loop(
-    spec: WorkerSpec, signals: Signals, db: Queue, mailer: InvoiceMailer, strategy: Strategy
+    spec: WorkerSpec,
+    signals: Signals,
+    db: Queue,
+    mailer: Callable[[Job], None],
+    strategy: Strategy,
 ) -> None:
     ctx = ClaimContext(worker=spec.name, limit=spec.batch, queue=QUEUE, lease=spec.lease)
     complete = lab_statement("complete", spec.schema)
