@@ -304,8 +304,10 @@ class WorkerBase:
 
     def swept(self, n: int, window: float | None, start: float) -> None:
         """Count a sweep that started at ``start`` (monotonic) looking back ``window``."""
-        self._sweeps.swept(window, start, time.monotonic() - start)
+        now = time.monotonic()
+        self._sweeps.swept(window, start, now - start)
         if n:
+            self._cursor.rewind(now)
             self.stats.add(sweeps_recovered=n)
             self._measure("swept", n, None)
             logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)

@@ -78,6 +78,58 @@ def test_an_empty_claim_keeps_the_position_and_a_head_claim_may_move_it_back() -
     assert c.start("q", 10.01) == (-1, T0, 2)
 
 
+def test_a_costly_claim_from_the_head_also_waits_for_rare_claims_from_the_position() -> None:
+    c = ClaimCursor(floor=0.05, cap=10.0, factor=20.0, costly=4.0, costly_min=0.01, rare=5)
+    c.claimed("q", None, [job(1)], 0.002, 0.0)
+    for i in range(3):  # claims from the position take 2 ms
+        start = c.start("q", 0.01 + i * 0.01)
+        assert start is not None
+        c.claimed("q", start, [job(2 + i)], 0.002, 0.01 + i * 0.01)
+    # 60 ms from the head (a held xmin): by time alone due again 1.2 s later ...
+    c.claimed("q", None, [job(9)], 0.060, 1.0)
+    for i in range(4):
+        start = c.start("q", 2.5 + i)  # ... but 5 claims from the position come first
+        assert start is not None
+        c.claimed("q", start, [job(10 + i)], 0.002, 2.5 + i)
+    assert c.start("q", 6.0) is not None
+    c.claimed("q", c.start("q", 6.0), [job(20)], 0.002, 6.0)
+    assert c.start("q", 6.01) is None  # the fifth is done, and 1.2 s have passed
+
+
+def test_a_costly_claim_from_the_head_is_still_due_after_the_cap() -> None:
+    c = ClaimCursor(floor=0.05, cap=10.0, factor=20.0, costly=4.0, costly_min=0.01, rare=200)
+    c.claimed("q", None, [job(1)], 0.002, 0.0)
+    c.claimed("q", c.start("q", 0.01), [job(2)], 0.002, 0.01)
+    c.claimed("q", None, [job(3)], 0.060, 1.0)
+    assert c.start("q", 10.9) is not None  # a quiet queue: few claims from the position
+    assert c.start("q", 11.0) is None
+
+
+def test_a_claim_from_the_head_is_not_costly_if_it_costs_what_a_clean_table_does() -> None:
+    c = ClaimCursor(floor=0.05, cap=10.0, factor=20.0, costly=4.0, costly_min=0.01, rare=200)
+    c.claimed("q", None, [job(1)], 0.0005, 0.0)
+    c.claimed("q", c.start("q", 0.01), [job(2)], 0.0005, 0.01)
+    c.claimed("q", None, [job(3)], 0.005, 1.0)  # 10x a claim from the position, but 5 ms
+    assert c.start("q", 1.09) is not None
+    assert c.start("q", 1.11) is None  # the factor rule alone: 100 ms
+
+
+def test_a_sweep_that_gave_leases_back_makes_the_next_claim_start_at_the_head() -> None:
+    c = ClaimCursor(floor=0.05, cap=10.0, factor=20.0, rare=200)
+    c.claimed("q", None, [job(1)], 0.002, 0.0)
+    c.claimed("q", c.start("q", 0.01), [job(2)], 0.002, 0.01)
+    c.claimed("q", None, [job(3)], 0.060, 1.0)
+    assert c.start("q", 1.5) is not None
+    c.rewind(1.5)
+    assert c.start("q", 1.6) is None
+    assert c.start("other", 1.6) is None
+    # A claim from the head that began before the sweep ended may have missed its jobs.
+    c.claimed("q", None, [], 0.2, 1.6)  # began at 1.4
+    assert c.start("q", 1.7) is None
+    c.claimed("q", None, [], 0.001, 1.8)  # began after: the rewind is done
+    assert c.start("q", 1.81) is not None
+
+
 def test_sweep_looks_all_the_way_back_first_then_only_past_the_last_sweep() -> None:
     s = SweepCursor(margin=2.0, full_every=30.0, factor=20.0)
     assert s.window(100.0) is None  # nothing swept yet: every lease in the past
