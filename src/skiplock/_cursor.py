@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ._job import Job
 from ._ops import ClaimPosition
 
 __all__ = ["ClaimCursor", "SweepCursor"]
+
+
+@dataclass
+class _Head:
+    """A queue's last claim from the head, and when the next one is due."""
+
+    began: float
+    due: float  # by the factor rule
+    latest: float  # by the cap, whatever the claims left
+    claims_left: int  # claims from the position still to come before ``due`` counts
 
 
 class ClaimCursor:
@@ -30,11 +41,11 @@ class ClaimCursor:
     waits for ``rare`` claims from the position, still at most ``cap`` seconds.  The
     ``factor`` rule alone keeps those claims to 1/``factor`` of the claim loop's time,
     but not to few of its claims: under a held xmin, a 60 ms claim from the head every
-    1.2 s was one claim in 80 at 1,000 jobs/s, and it set the claim p99 (54-64 ms
-    against 8 ms fresh).  One in ``rare`` keeps them out of the p99.  The price is paid
-    by a job behind the position while the head is costly: it waits longer for its
-    claim, up to ``cap``, as before; except a lease this worker's own sweep gave back
-    (:meth:`rewind`).
+    1.2 s was one claim in about 60 (the worker made ~52 claims a second at 1,000
+    jobs/s), and it set the claim p99 (54-64 ms in the worst 30 s, against 8 ms fresh).
+    One in ``rare`` keeps them out of the p99.  The price is paid by a job behind the
+    position while the head is costly: it waits longer for its claim, up to ``cap``, as
+    before; except a lease this worker's own sweep gave back (:meth:`rewind`).
     """
 
     def __init__(
@@ -54,20 +65,19 @@ class ClaimCursor:
         self.costly_min = costly_min
         self.rare = rare
         self._position: dict[str, ClaimPosition] = {}
-        self._next_head: dict[str, float] = {}
-        self._latest_head: dict[str, float] = {}
-        self._claims_left: dict[str, int] = {}
+        self._head: dict[str, _Head] = {}
         self._typical: dict[str, float] = {}
-        self._head_began: dict[str, float] = {}
         self._rewound = float("-inf")
 
     def start(self, queue: str, now: float) -> ClaimPosition | None:
         """Where the next claim of ``queue`` starts; None: from the head."""
-        if now >= self._latest_head.get(queue, 0.0):
-            return None
-        if self._rewound >= self._head_began.get(queue, float("-inf")):
-            return None
-        if now >= self._next_head.get(queue, 0.0) and self._claims_left.get(queue, 0) <= 0:
+        head = self._head.get(queue)
+        if (
+            head is None
+            or now >= head.latest
+            or self._rewound >= head.began
+            or (now >= head.due and head.claims_left <= 0)
+        ):
             return None
         return self._position.get(queue)
 
@@ -87,15 +97,18 @@ class ClaimCursor:
                 and seconds > self.costly * typical
                 and seconds > self.costly_min
             )
-            self._next_head[queue] = now + min(self.cap, max(self.floor, self.factor * seconds))
-            self._latest_head[queue] = now + self.cap
-            self._claims_left[queue] = self.rare if costly else 0
-            self._head_began[queue] = now - seconds
+            self._head[queue] = _Head(
+                began=now - seconds,
+                due=now + min(self.cap, max(self.floor, self.factor * seconds)),
+                latest=now + self.cap,
+                claims_left=self.rare if costly else 0,
+            )
         else:
             # A moving average of the claims from the position: what "costly" compares to.
             typical = self._typical.get(queue, seconds)
             self._typical[queue] = typical + 0.1 * (seconds - typical)
-            self._claims_left[queue] = self._claims_left.get(queue, 0) - 1
+            if (head := self._head.get(queue)) is not None:
+                head.claims_left -= 1
         if jobs:
             # Where this claim stopped, even behind the old position (a claim from the
             # head that found jobs there): the next one continues from it.

@@ -42,9 +42,11 @@ class _Value(Protocol):
     value: float
 
 
-class _Counter(Protocol):
+class _Int(Protocol):
     value: int
 
+
+class _Counter(_Int, Protocol):
     def get_lock(self) -> AbstractContextManager[Any]: ...
 
 
@@ -81,8 +83,8 @@ class Signals:
     stop: _Value
     first_claimed: _Flags
     sent: _Counter
-    park_at: _Counter
-    parked: _Counter
+    park_at: _Int
+    parked: _Int
 
 
 @dataclass(frozen=True)
