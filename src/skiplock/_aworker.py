@@ -78,6 +78,7 @@ class AsyncWorker(WorkerBase):
         prune_interval: float = 60.0,
         synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
+        tasks: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -98,6 +99,7 @@ class AsyncWorker(WorkerBase):
             prune_interval=prune_interval,
             synchronous_commit=synchronous_commit,
             periodic=periodic,
+            tasks=tasks,
         )
         for queue_name, fn in self._handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -233,7 +235,12 @@ class AsyncWorker(WorkerBase):
             began = time.monotonic()
             start = self._cursor.start(name, began)
             jobs = await self._q.claim(
-                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+                worker=self.name,
+                queue=name,
+                limit=free,
+                lease=self.lease,
+                start=start,
+                tasks=self.tasks,
             )
             rtt = time.monotonic() - began
             self._cursor.claimed(name, start, jobs, rtt, began + rtt)
@@ -289,6 +296,12 @@ class AsyncWorker(WorkerBase):
     async def _sweep(self) -> None:
         assert self._q is not None and self._wake is not None
         start = time.monotonic()
+        if self._register_due(start):
+            try:
+                await self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
+                self._registered(start)
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("register", exc)
         window = self._sweeps.window(start)
         try:
             n = await self._q.sweep(window=window)
@@ -470,6 +483,10 @@ class AsyncWorker(WorkerBase):
         for task in helpers[1:]:
             task.cancel()
         await asyncio.gather(*helpers[1:], return_exceptions=True)
+        try:
+            await self._q.unregister_worker(self.name)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("unregister", exc)  # the row ages out; status ignores it
         await self._q.close()
         self._loop = None
         logger.info("async worker %s stopped: %s", self.name, self.stats.snapshot())

@@ -112,6 +112,10 @@ class Worker(WorkerBase):
         ``Periodic`` schedules this worker enqueues, in a thread of its own.  Run the
         same list on any number of workers: each tick is enqueued once (see
         docs/periodic.md).  The jobs go to each spec's queue, served here or not.
+    tasks
+        Claim only jobs of these task names (``App.worker`` passes the app's tasks);
+        None, the default, claims every job of the queues.  A job of a task the
+        worker does not know is left pending, uncharged, for a worker that knows it.
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class Worker(WorkerBase):
         prune_interval: float = 60.0,
         synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
+        tasks: Sequence[str] | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -156,6 +161,7 @@ class Worker(WorkerBase):
             prune_interval=prune_interval,
             synchronous_commit=synchronous_commit,
             periodic=periodic,
+            tasks=tasks,
         )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
@@ -347,7 +353,12 @@ class Worker(WorkerBase):
             began = time.monotonic()
             start = self._cursor.start(name, began)
             jobs = self._q.claim(
-                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+                worker=self.name,
+                queue=name,
+                limit=free,
+                lease=self.lease,
+                start=start,
+                tasks=self.tasks,
             )
             rtt = time.monotonic() - began
             self._cursor.claimed(name, start, jobs, rtt, began + rtt)
@@ -368,6 +379,12 @@ class Worker(WorkerBase):
     def _sweep(self) -> None:
         assert self._q is not None
         start = time.monotonic()
+        if self._register_due(start):
+            try:
+                self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
+                self._registered(start)
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("register", exc)
         window = self._sweeps.window(start)
         try:
             n = self._q.sweep(window=window)
@@ -618,6 +635,10 @@ class Worker(WorkerBase):
         for t in others:
             t.join(timeout=max(grace, 1.0) + 5.0)
         self._pool.shutdown()
+        try:
+            self._q.unregister_worker(self.name)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("unregister", exc)  # the row ages out; status ignores it
         for lane in self._lanes:
             lane.close()
         self._running = False

@@ -139,6 +139,7 @@ class WorkerBase:
         prune_interval: float,
         synchronous_commit: bool,
         periodic: Sequence[Periodic] = (),
+        tasks: Sequence[str] | None = None,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -162,6 +163,12 @@ class WorkerBase:
         if job_timeout is not None and not job_timeout > 0:
             raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
         self.periodic = check_periodic(periodic)
+        # The tasks this worker can run (None: every job of its queues).  Its claims take
+        # only those, so a job of a task it does not know waits for a worker that does.
+        self.tasks: list[str] | None = None if tasks is None else sorted(set(tasks))
+        if self.tasks is not None and not self.tasks:
+            raise ConfigError("a worker of tasks needs at least one task")
+        self._registered_at: float | None = None
         self._rotation = 0
         self.queues = names
         self.concurrency = concurrency
@@ -230,6 +237,16 @@ class WorkerBase:
             self.stats.add(claimed=len(jobs))
             for job in jobs:
                 self._emit("claimed", job)
+
+    # A worker refreshes its row in `workers` this often: `status` counts a worker as
+    # gone after 30 s without a refresh (Queue.unserved's default).
+    REGISTER_INTERVAL = 10.0
+
+    def _register_due(self, now: float) -> bool:
+        return self._registered_at is None or now - self._registered_at >= self.REGISTER_INTERVAL
+
+    def _registered(self, now: float) -> None:
+        self._registered_at = now
 
     def _upkeep_failed(self, what: str, exc: BaseException) -> None:
         # A sweep or prune that fails is retried at its next turn; any worker may do it.
