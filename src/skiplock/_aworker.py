@@ -79,6 +79,7 @@ class AsyncWorker(WorkerBase):
         synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
         tasks: Sequence[str] | None = None,
+        task_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -100,6 +101,7 @@ class AsyncWorker(WorkerBase):
             synchronous_commit=synchronous_commit,
             periodic=periodic,
             tasks=tasks,
+            task_timeouts=task_timeouts,
         )
         for queue_name, fn in self._handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -258,10 +260,11 @@ class AsyncWorker(WorkerBase):
         assert self._outcomes is not None
         self._emit("started", job)
         handler = self._handlers[job.queue]
+        timeout = self.timeout_for(job)
         task = asyncio.ensure_future(handler(job))
         watcher = asyncio.ensure_future(self._watch_cancel(task, job))
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.job_timeout)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
         except asyncio.CancelledError:
             task.cancel()  # the worker is stopping past its grace
             raise
@@ -274,11 +277,11 @@ class AsyncWorker(WorkerBase):
             task.add_done_callback(_log_abandoned)
             self.stats.add(timed_out=1)
             self._emit("timed_out", job)
-            outcome = Outcome("retry", f"timed out after {self.job_timeout:g}s")
+            outcome = Outcome("retry", f"timed out after {timeout:g}s")
         elif task.cancelled():
-            outcome = failed_outcome(asyncio.CancelledError(), job, self.job_timeout)
+            outcome = failed_outcome(asyncio.CancelledError(), job, timeout)
         elif (exc := task.exception()) is not None:
-            outcome = failed_outcome(exc, job, self.job_timeout)
+            outcome = failed_outcome(exc, job, timeout)
         else:
             outcome = ok_outcome(job, task.result(), self._settings.max_result_bytes)
         self._tasks.pop(job.attempt, None)

@@ -141,6 +141,7 @@ class Worker(WorkerBase):
         synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
         tasks: Sequence[str] | None = None,
+        task_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -162,6 +163,7 @@ class Worker(WorkerBase):
             synchronous_commit=synchronous_commit,
             periodic=periodic,
             tasks=tasks,
+            task_timeouts=task_timeouts,
         )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
@@ -254,7 +256,7 @@ class Worker(WorkerBase):
             self.concurrency,
             self._run_one,
             self._handler_done,
-            self.job_timeout,
+            self.timeout_for,
             name=f"skiplock-{self.name}",
         )
         self._start_thread(self._writer_loop, "writer")
@@ -315,7 +317,8 @@ class Worker(WorkerBase):
             for job in self._pool.reap(now):
                 self.stats.add(timed_out=1)
                 self._emit("timed_out", job)
-                self._results.put((job, Outcome("retry", f"timed out after {self.job_timeout:g}s")))
+                took = self.timeout_for(job) or 0.0
+                self._results.put((job, Outcome("retry", f"timed out after {took:g}s")))
             if now >= next_sweep:
                 self._sweep()
                 next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
@@ -336,8 +339,9 @@ class Worker(WorkerBase):
 
     def _wait_for_work(self) -> None:
         timeout = self.poll_interval
-        if self.job_timeout:
-            timeout = min(timeout, max(self.job_timeout / 4, 0.05))
+        shortest = self.shortest_timeout
+        if shortest:
+            timeout = min(timeout, max(shortest / 4, 0.05))
         if self._more and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
         self._wake.wait(timeout)
@@ -408,7 +412,7 @@ class Worker(WorkerBase):
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
         return run_handler(
-            self._handlers[job.queue], job, self.job_timeout, self._settings.max_result_bytes
+            self._handlers[job.queue], job, self.timeout_for(job), self._settings.max_result_bytes
         )
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:

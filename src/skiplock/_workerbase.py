@@ -140,6 +140,7 @@ class WorkerBase:
         synchronous_commit: bool,
         periodic: Sequence[Periodic] = (),
         tasks: Sequence[str] | None = None,
+        task_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -177,6 +178,10 @@ class WorkerBase:
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.job_timeout = job_timeout
+        self._task_timeouts = dict(task_timeouts or {})
+        for task_name, t in self._task_timeouts.items():
+            if not t > 0:
+                raise ConfigError(f"task {task_name!r}: timeout must be positive, not {t!r}")
         self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
@@ -237,6 +242,18 @@ class WorkerBase:
             self.stats.add(claimed=len(jobs))
             for job in jobs:
                 self._emit("claimed", job)
+
+    def timeout_for(self, job: Job) -> float | None:
+        """Seconds this job's attempt may run: its task's timeout, else the worker's."""
+        if job.task is not None and job.task in self._task_timeouts:
+            return self._task_timeouts[job.task]
+        return self.job_timeout
+
+    @property
+    def shortest_timeout(self) -> float | None:
+        """The shortest timeout any job here may have (how often to look for overruns)."""
+        all_ = [t for t in (self.job_timeout, *self._task_timeouts.values()) if t]
+        return min(all_) if all_ else None
 
     # A worker refreshes its row in `workers` this often: `status` counts a worker as
     # gone after 30 s without a refresh (Queue.unserved's default).
