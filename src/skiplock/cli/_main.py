@@ -12,7 +12,14 @@ import click
 from .._config import validate_queue
 from .._errors import ConfigError, PayloadError
 from .._queue import Queue
-from .common import dsn_option, echo_json, json_option, schema_option, user_errors
+from .common import (
+    dsn_option,
+    echo_json,
+    json_option,
+    require_extra,
+    schema_option,
+    user_errors,
+)
 
 __all__ = ["main"]
 
@@ -428,6 +435,8 @@ def worker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if metrics_port is not None:
+        require_extra("the metrics endpoint (--metrics-port)", "metrics", "prometheus_client")
     handler = load_handler(handler_path)
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -10,9 +11,16 @@ from typing import Any, TypeVar
 
 import click
 
-from .._errors import SkiplockError
+from .._errors import ConfigError, SkiplockError
 
-__all__ = ["dsn_option", "echo_json", "json_option", "schema_option", "user_errors"]
+__all__ = [
+    "dsn_option",
+    "echo_json",
+    "json_option",
+    "require_extra",
+    "schema_option",
+    "user_errors",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +45,36 @@ json_option = click.option(
 def echo_json(obj: Any) -> None:
     """Print ``obj`` as indented JSON with sorted keys; values JSON lacks are str()-ed."""
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def require_extra(what: str, extra: str, *modules: str) -> None:
+    """Raise ConfigError (one line, exit 2) if a module of an optional extra is missing.
+
+    A command that needs an extra calls this before any other work, so a user who
+    installed plain ``skiplock`` reads which extra to install instead of a traceback
+    ending in ``No module named 'jinja2'``.
+
+    Parameters
+    ----------
+    what
+        What needs the extra, as the sentence's subject ("the dashboard").
+    extra
+        The extra's name in ``pip install 'skiplock[extra]'``.
+    modules
+        The modules the extra provides, imported to check they really load.
+
+    Raises
+    ------
+    ConfigError
+        Naming the extra and the pip command.
+    """
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise ConfigError(
+                f"{what} needs the {extra!r} extra: pip install 'skiplock[{extra}]'"
+            ) from None
 
 
 def user_errors(fn: F) -> F:

@@ -1,0 +1,169 @@
+"""A newcomer's first commands (issue 18): the base install's --help, missing extras,
+handlers next to the shell, enqueue's --delay and --run-at, limit's typo guard, JSON
+numbers, and the embedded server's announcement.  Real processes, real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from skiplock import Queue
+from skiplock.cli import main
+
+# Runs the CLI with some top-level modules made unimportable, as on a machine where
+# `pip install -e .` installed no extras: argv[1] is the comma-separated list to block.
+WITHOUT = textwrap.dedent(
+    """
+    import sys
+
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, Block())
+    # `python -c` puts the current directory first on sys.path; the console script does
+    # not (its first entry is the script's own directory): be the console script.
+    if sys.path and sys.path[0] == "":
+        del sys.path[0]
+    sys.argv = ["skiplock", *sys.argv[2:]]
+    from skiplock.cli import main
+
+    sys.exit(main())
+    """
+)
+
+DASHBOARD = "starlette,uvicorn,jinja2"
+
+
+def cli_without(
+    blocked: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("SKIPLOCK_DSN", "DATABASE_URL")}
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT, blocked, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**clean, **(env or {})},
+    )
+
+
+def cli(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The command as the console script runs it: not ``python -m``, which would put
+    the current directory on sys.path by itself."""
+    return cli_without("-", *args, cwd=cwd, env=env)
+
+
+def one_line_exit_2(res: subprocess.CompletedProcess[str], expect: str) -> None:
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert res.stderr.strip().splitlines() == [expect], res.stderr
+
+
+@pytest.fixture
+def env(dsn: str, schema: str) -> dict[str, str]:
+    return {"SKIPLOCK_DSN": dsn, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+
+
+# -- 1. the base install --------------------------------------------------------------
+
+
+def test_help_lists_every_command_without_any_extra() -> None:
+    res = cli_without(f"{DASHBOARD},prometheus_client,opentelemetry,matplotlib", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    listed = {line.split()[0] for line in res.stdout.split("Commands:")[1].splitlines() if line}
+    import click
+
+    assert listed == set(main.list_commands(click.Context(main)))
+    assert "dashboard" in listed
+
+
+@pytest.mark.parametrize(
+    ("blocked", "args", "expect"),
+    [
+        (
+            DASHBOARD,
+            ["dashboard"],
+            "skiplock: error: the dashboard needs the 'dashboard' extra: "
+            "pip install 'skiplock[dashboard]'",
+        ),
+        (
+            "jinja2",
+            ["dashboard", "--port", "0"],
+            "skiplock: error: the dashboard needs the 'dashboard' extra: "
+            "pip install 'skiplock[dashboard]'",
+        ),
+        (
+            "prometheus_client,opentelemetry",
+            ["worker", "--handler", "json:loads", "--metrics-port", "0"],
+            "skiplock: error: the metrics endpoint (--metrics-port) needs the 'metrics' "
+            "extra: pip install 'skiplock[metrics]'",
+        ),
+        (
+            "matplotlib",
+            ["race", "--plot", "race.png"],
+            "skiplock: error: --plot needs the 'plot' extra: pip install 'skiplock[plot]'",
+        ),
+    ],
+)
+def test_a_missing_extra_is_one_line_naming_it(
+    blocked: str, args: list[str], expect: str, tmp_path: Path
+) -> None:
+    # No DSN: the check comes before any server is started or reached.
+    res = cli_without(blocked, *args, cwd=tmp_path, env={"SKIPLOCK_DATA_DIR": str(tmp_path)})
+    one_line_exit_2(res, expect)
+    assert not list(tmp_path.iterdir()), "nothing may be started or written first"
+
+
+def test_dashboard_help_works_without_the_extra() -> None:
+    res = cli_without(DASHBOARD, "dashboard", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "--auth" in res.stdout
+
+
+# -- 2. a handler next to the shell ---------------------------------------------------
+
+
+def test_worker_imports_the_handler_from_the_current_directory(
+    env: dict[str, str], schema: str, queue: Queue, tmp_path: Path
+) -> None:
+    (tmp_path / "newcomer_jobs.py").write_text(
+        "def fn(job):\n    return {'seen': job.payload['n']}\n"
+    )
+    job_id = queue.enqueue({"n": 7})
+    args = ["worker", "--handler", "newcomer_jobs:fn", "--schema", schema, "--poll", "0.1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WITHOUT, "-", *args],
+        cwd=tmp_path,
+        env={**os.environ, **env, "PYTHONPATH": ""},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert queue.wait(job_id, timeout=30) == {"seen": 7}
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert "No module named" not in err, err
+
+
+def test_a_missing_handler_module_says_where_it_looked(env: dict[str, str], tmp_path: Path) -> None:
+    res = cli("worker", "--handler", "no_such_jobs:fn", cwd=tmp_path, env=env)
+    one_line_exit_2(
+        res,
+        "skiplock: error: cannot import handler module 'no_such_jobs': No module named "
+        f"'no_such_jobs' (looked in {tmp_path} and sys.path)",
+    )
