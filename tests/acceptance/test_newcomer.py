@@ -4,11 +4,13 @@ numbers, and the embedded server's announcement.  Real processes, real PostgreSQ
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,3 +169,39 @@ def test_a_missing_handler_module_says_where_it_looked(env: dict[str, str], tmp_
         "skiplock: error: cannot import handler module 'no_such_jobs': No module named "
         f"'no_such_jobs' (looked in {tmp_path} and sys.path)",
     )
+
+
+# -- 7. JSON numbers ------------------------------------------------------------------
+
+
+def _strings(doc: Any) -> list[str]:
+    if isinstance(doc, dict):
+        return [s for v in doc.values() for s in _strings(v)]
+    if isinstance(doc, list):
+        return [s for v in doc for s in _strings(v)]
+    return [doc] if isinstance(doc, str) else []
+
+
+def _numeric_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_json_outputs_give_numbers_as_numbers(
+    env: dict[str, str], schema: str, queue: Queue
+) -> None:
+    queue.enqueue({"n": 1}, queue="mail")
+    queue.configure_queue("mail", rate_limit=2.5)
+    res = cli("status", "--json", "--schema", schema, env=env)
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(res.stdout)["queues"]
+    assert isinstance(row["oldest_pending_seconds"], float), row
+    assert isinstance(row["jobs"], int)
+    for args in (["status"], ["limit"], ["verify"], ["migrate"]):
+        res = cli(*args, "--json", "--schema", schema, env=env)
+        assert res.returncode == 0, res.stderr
+        doc = json.loads(res.stdout)
+        assert not [s for s in _strings(doc) if _numeric_text(s)], (args, doc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import functools
 import importlib
 import json
@@ -42,9 +44,25 @@ json_option = click.option(
 )
 
 
+def _json_value(value: Any) -> Any:
+    """What JSON lacks, as a script reading ``--json`` expects it.
+
+    A Decimal (``numeric`` from PostgreSQL, e.g. ``extract(epoch ...)``) is a number, not
+    the string ``str()`` would make of it; a time is ISO 8601.  Anything else is str()-ed.
+    """
+    if isinstance(value, decimal.Decimal):
+        integral = value.is_finite() and value == value.to_integral_value()
+        return int(value) if integral else float(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
 def echo_json(obj: Any) -> None:
-    """Print ``obj`` as indented JSON with sorted keys; values JSON lacks are str()-ed."""
-    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    """Print ``obj`` as indented JSON with sorted keys; numbers stay JSON numbers."""
+    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=_json_value))
 
 
 def require_extra(what: str, extra: str, *modules: str) -> None:

@@ -358,10 +358,12 @@ gone AS (
 SELECT count(*) AS n FROM gone;
 
 -- name: status
+-- extract() returns numeric (a Decimal in Python, a string in JSON): float8 is a number
+-- in both.
 SELECT queue,
        status,
        count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))::float8
            AS oldest_pending_seconds,
        count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS expired_leases,
        count(*) FILTER (WHERE attempts >= %(attempts_alert)s) AS high_attempts
