@@ -207,7 +207,18 @@ class AsyncQueue(QueueBase):
     def connection(self) -> Any:
         """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
         if self._pool is None:
-            raise DatabaseUnavailable("queue is not open")
+            # Say how to open it: an AsyncQueue cannot connect in its constructor (no
+            # event loop there), and a Queue is only closed after close() or open=False.
+            if ASYNC:
+                raise DatabaseUnavailable(
+                    "AsyncQueue is not open: use 'async with AsyncQueue(...) as q:' or "
+                    "'await q.open()' first"
+                )
+            else:
+                raise DatabaseUnavailable(
+                    "Queue is not open (closed, or made with open=False): use "
+                    "'with Queue(...) as q:' or 'q.open()' first"
+                )
         return self._pool.connection(timeout=self.settings.connect_timeout)
 
     # -- the driver ----------------------------------------------------------------------

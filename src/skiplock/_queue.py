@@ -190,7 +190,9 @@ class Queue(QueueBase):
     def connection(self) -> Any:
         """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
         if self._pool is None:
-            raise DatabaseUnavailable("queue is not open")
+            raise DatabaseUnavailable(
+                "Queue is not open (closed, or made with open=False): use 'with Queue(...) as q:' or 'q.open()' first"
+            )
         return self._pool.connection(timeout=self.settings.connect_timeout)
 
     def _execute(
