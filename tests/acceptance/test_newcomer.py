@@ -9,10 +9,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from skiplock import Queue
 from skiplock.cli import main
@@ -205,3 +207,69 @@ def test_json_outputs_give_numbers_as_numbers(
         assert res.returncode == 0, res.stderr
         doc = json.loads(res.stdout)
         assert not [s for s in _strings(doc) if _numeric_text(s)], (args, doc)
+
+
+# -- 4. enqueue --delay and --run-at ----------------------------------------------------
+
+
+def _run_at_minus_created(queue: Queue, job_id: int) -> float:
+    with queue.connection() as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT extract(epoch FROM run_at - created_at)::float8 FROM {}.jobs WHERE id = %s"
+            ).format(sql.Identifier(queue.schema)),
+            (job_id,),
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def test_enqueue_delay_and_run_at(
+    env: dict[str, str], schema: str, queue: Queue, tmp_path: Path
+) -> None:
+    res = cli("enqueue", '{"n": 1}', "--delay", "3600", "--schema", schema, env=env)
+    assert res.returncode == 0, res.stderr
+    assert 3590 < _run_at_minus_created(queue, int(res.stdout)) < 3610
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text('{"n": 10}\n{"n": 11}\n')
+    res = cli("enqueue", "--file", str(lines), "--delay", "60", "--schema", schema, env=env)
+    assert res.returncode == 0, res.stderr
+    for job_id in res.stdout.split():
+        assert 50 < _run_at_minus_created(queue, int(job_id)) < 70
+    at = "2030-01-31T09:00:00+01:00"
+    res = cli("enqueue", '{"n": 2}', "--run-at", at, "--schema", schema, env=env)
+    assert res.returncode == 0, res.stderr
+    job = queue.get(int(res.stdout))
+    assert job is not None and job.run_at == datetime.fromisoformat(at)
+    res = cli(
+        "enqueue", '{"n": 3}', "--run-at", "2030-01-31T08:00:00Z", "--schema", schema, env=env
+    )
+    job = queue.get(int(res.stdout))
+    assert job is not None and job.run_at == datetime(2030, 1, 31, 8, tzinfo=UTC)
+    assert queue.claim(worker="w", limit=10) == []  # none of them is due
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (
+            ["--run-at", "2030-01-31T09:00:00"],
+            "skiplock: error: --run-at '2030-01-31T09:00:00' has no timezone: add one, as in "
+            "2030-01-31T09:00:00Z (UTC) or 2030-01-31T09:00:00+01:00",
+        ),
+        (
+            ["--run-at", "tomorrow"],
+            "skiplock: error: --run-at 'tomorrow' is not an ISO 8601 time such as "
+            "2030-01-31T09:00:00+01:00",
+        ),
+        (
+            ["--delay", "5", "--run-at", "2030-01-31T09:00:00Z"],
+            "skiplock: error: give --delay or --run-at, not both",
+        ),
+    ],
+)
+def test_enqueue_refuses_a_naive_or_double_time(
+    env: dict[str, str], schema: str, queue: Queue, args: list[str], expect: str
+) -> None:
+    one_line_exit_2(cli("enqueue", "{}", *args, "--schema", schema, env=env), expect)
+    assert queue.status() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -91,6 +92,33 @@ def migrate(dsn: str | None, schema: str, as_json: bool) -> None:
             click.echo(f"schema {schema}: up to date")
 
 
+def _run_at(delay: float | None, text: str | None) -> datetime | None:
+    """--delay or --run-at as an aware time; ConfigError (exit 2) for a bad or naive one.
+
+    A time without a zone is refused rather than guessed: the server would read it in
+    its own TimeZone setting and the shell user in theirs, hours apart.  --delay counts
+    from this machine's clock.
+    """
+    if delay is not None and text is not None:
+        raise ConfigError("give --delay or --run-at, not both")
+    if delay is not None:
+        return datetime.now(UTC) + timedelta(seconds=delay)
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"--run-at {text!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00"
+        ) from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ConfigError(
+            f"--run-at {text!r} has no timezone: add one, as in 2030-01-31T09:00:00Z (UTC) "
+            "or 2030-01-31T09:00:00+01:00"
+        )
+    return at
+
+
 @main.command()
 @click.argument("payload", required=False)
 @click.option("--queue", "queue_name", default="default", show_default=True)
@@ -107,6 +135,20 @@ def migrate(dsn: str | None, schema: str, as_json: bool) -> None:
     default=1 << 20,
     show_default=True,
     help="Refuse payloads larger than this (UTF-8 bytes of the JSON text).",
+)
+@click.option(
+    "--delay",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Run no earlier than this many seconds from now.",
+)
+@click.option(
+    "--run-at",
+    "run_at_text",
+    default=None,
+    metavar="ISO8601",
+    help="Run no earlier than this time, with its timezone "
+    "(2030-01-31T09:00:00+01:00, or Z for UTC); a time without one is refused.",
 )
 @click.option(
     "--file",
@@ -126,6 +168,8 @@ def enqueue(
     max_attempts: int,
     idempotency_key: str | None,
     max_payload_bytes: int,
+    delay: float | None,
+    run_at_text: str | None,
     payload_file: Any,
     dsn: str | None,
     schema: str,
@@ -134,6 +178,7 @@ def enqueue(
     """Enqueue PAYLOAD (a JSON document), or one job per line of --file."""
     if (payload is None) == (payload_file is None):
         raise click.UsageError("give a JSON PAYLOAD argument or --file, not both")
+    run_at = _run_at(delay, run_at_text)
     docs: list[Any] = []
     lines = [payload] if payload is not None else [ln for ln in payload_file if ln.strip()]
     for n, line in enumerate(lines, 1):
@@ -153,13 +198,18 @@ def enqueue(
                     priority=priority,
                     max_attempts=max_attempts,
                     idempotency_key=idempotency_key,
+                    run_at=run_at,
                 )
             ]
         else:
             if idempotency_key is not None:
                 raise click.UsageError("--key applies to a single job")
             ids = q.enqueue_many(
-                docs, queue=queue_name, priority=priority, max_attempts=max_attempts
+                docs,
+                queue=queue_name,
+                priority=priority,
+                max_attempts=max_attempts,
+                run_at=run_at,
             )
     if as_json:
         echo_json({"queue": queue_name, "ids": ids})
