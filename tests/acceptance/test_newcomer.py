@@ -273,3 +273,27 @@ def test_enqueue_refuses_a_naive_or_double_time(
 ) -> None:
     one_line_exit_2(cli("enqueue", "{}", *args, "--schema", schema, env=env), expect)
     assert queue.status() == []
+
+
+# -- 6. limit and pause agree on what a queue is -------------------------------------------
+
+
+def test_limit_refuses_a_typo_like_pause_and_creates_with_create(
+    env: dict[str, str], schema: str, queue: Queue
+) -> None:
+    queue.enqueue({}, queue="mail")
+    paused = cli("pause", "mial", "--schema", schema, env=env)
+    limited = cli("limit", "mial", "--concurrency", "2", "--schema", schema, env=env)
+    told = "skiplock: error: unknown queue 'mial': it has no jobs and no settings"
+    one_line_exit_2(paused, told)
+    one_line_exit_2(limited, f"{told}; pass --create to set it up before its first job")
+    assert queue.queue_settings() == []
+    res = cli("limit", "mail", "--concurrency", "2", "--schema", schema, env=env)
+    assert res.returncode == 0, res.stderr  # a queue with jobs needs no --create
+    res = cli("limit", "reports", "--rate", "5", "--create", "--schema", schema, env=env)
+    assert res.returncode == 0, res.stderr
+    assert [(c.name, c.concurrency_limit, c.rate_limit) for c in queue.queue_settings()] == [
+        ("mail", 2, None),
+        ("reports", None, 5.0),
+    ]
+    assert cli("pause", "reports", "--schema", schema, env=env).returncode == 0
