@@ -297,3 +297,30 @@ def test_limit_refuses_a_typo_like_pause_and_creates_with_create(
         ("reports", None, 5.0),
     ]
     assert cli("pause", "reports", "--schema", schema, env=env).returncode == 0
+
+
+# -- 8. the embedded server outlives the command, and says so ---------------------------
+
+
+@pytest.mark.skipif(os.environ.get("SKIPLOCK_SKIP_EMBEDDED") == "1", reason="embedded disabled")
+def test_a_started_embedded_server_is_announced_and_stops_on_request(tmp_path: Path) -> None:
+    env = {"SKIPLOCK_DATA_DIR": str(tmp_path / "data")}
+    data = tmp_path / "data" / "pg18"
+    try:
+        first = cli("migrate", env=env)
+        assert first.returncode == 0, first.stderr
+        assert first.stderr.strip().splitlines()[-1] == (
+            "skiplock: the embedded PostgreSQL keeps running for the next command "
+            f"(data in {data}); stop it with: skiplock embedded stop"
+        )
+        assert (data / "postmaster.pid").exists()
+        again = cli("status", "--json", env=env)  # reused, not started: nothing to announce
+        assert again.returncode == 0, again.stderr
+        assert "keeps running" not in again.stderr
+    finally:
+        stopped = cli("embedded", "stop", env=env)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == f"stopped the embedded PostgreSQL in {data}"
+    assert not (data / "postmaster.pid").exists()
+    res = cli("embedded", "stop", env=env)
+    assert res.stdout.strip() == f"the embedded PostgreSQL in {data} is not running"

@@ -44,6 +44,7 @@ class _Main(click.Group):
         "chaos": "skiplock.chaos._cli",
         "dashboard": "skiplock.dashboard._cli",
         "demo": "skiplock.demo._cli",
+        "embedded": "skiplock.cli._embedded",
         "race": "skiplock.lab._cli",
     }
 
@@ -59,8 +60,27 @@ class _Main(click.Group):
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="skiplock")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
+    ctx.call_on_close(_announce_embedded)
+
+
+def _announce_embedded() -> None:
+    """Say, as the command exits, that an embedded server it started keeps running.
+
+    It is left up on purpose (the next command reuses it in milliseconds instead of
+    starting it again), but a process still running after the command that started it
+    should not be a surprise: one line says where its data is and how to stop it.
+    """
+    from .._embedded import started_here
+
+    for path in started_here():
+        click.echo(
+            f"skiplock: the embedded PostgreSQL keeps running for the next command "
+            f"(data in {path}); stop it with: skiplock embedded stop",
+            err=True,
+        )
 
 
 def _queue(dsn: str | None, schema: str, **kwargs: Any) -> Queue:
