@@ -207,7 +207,13 @@ class AsyncQueue(QueueBase):
     def connection(self) -> Any:
         """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
         if self._pool is None:
-            raise DatabaseUnavailable("queue is not open")
+            # Say how to open it: an AsyncQueue cannot connect in its constructor (no
+            # event loop there), and a Queue is only unopened after close() or open=False.
+            if ASYNC:
+                how = "'async with AsyncQueue(...) as q:' or 'await q.open()'"
+            else:
+                how = "'with Queue(...) as q:' or 'q.open()'"
+            raise DatabaseUnavailable(f"{type(self).__name__} is not open: use {how} first")
         return self._pool.connection(timeout=self.settings.connect_timeout)
 
     # -- the driver ----------------------------------------------------------------------
@@ -498,6 +504,7 @@ class AsyncQueue(QueueBase):
         store_results: bool | None = None,
         clear_concurrency_limit: bool = False,
         clear_rate_limit: bool = False,
+        create: bool = True,
     ) -> QueueConfig:
         """Set a queue's limits, held in Postgres for every worker on every host.
 
@@ -512,6 +519,18 @@ class AsyncQueue(QueueBase):
             Keep handlers' return values (default on).
         clear_concurrency_limit, clear_rate_limit
             Remove a limit.  None leaves a setting as it is.
+        create
+            Set up a queue that has no jobs and no settings yet (the default: limits
+            belong in place before the first job).  False refuses such a name with
+            UnknownQueue, like ``pause``: what ``skiplock limit`` does unless given
+            ``--create``, since a typed name is more likely a typo.
+
+        Raises
+        ------
+        ConfigError
+            A limit that is not a positive number (before any write).
+        UnknownQueue
+            ``create=False`` and the queue has no jobs and no settings.
         """
         cfg = await self._execute(
             self._configure_op(
@@ -522,6 +541,7 @@ class AsyncQueue(QueueBase):
                 store_results,
                 clear_concurrency_limit,
                 clear_rate_limit,
+                create,
             ),
             what="configure_queue",
         )

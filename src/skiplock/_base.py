@@ -457,6 +457,7 @@ class QueueBase:
         store_results: bool | None,
         clear_concurrency: bool,
         clear_rate: bool,
+        create: bool = True,
     ) -> MakeOp:
         validate_queue(queue)
         _control.check_limits(concurrency_limit, rate_limit, rate_burst)
@@ -467,6 +468,7 @@ class QueueBase:
             "store_results": store_results,
             "clear_concurrency": clear_concurrency,
             "clear_rate": clear_rate,
+            "create": create,
         }
         return lambda _after: _control.configure(self._stmts, queue, **op_args)
 

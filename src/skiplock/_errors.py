@@ -60,9 +60,11 @@ class UnknownJob(SkiplockError, LookupError):
 class UnknownQueue(ConfigError, LookupError):
     """The queue has neither jobs nor settings: most likely a typo."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, hint: str = "") -> None:
         self.queue = queue
-        super().__init__(f"unknown queue {queue!r}: it has no jobs and no settings")
+        # hint: how to make it exist on purpose, where the caller can (limit --create).
+        told = f"unknown queue {queue!r}: it has no jobs and no settings"
+        super().__init__(f"{told}; {hint}" if hint else told)
 
 
 class JobStateError(SkiplockError):

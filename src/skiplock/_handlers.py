@@ -120,22 +120,58 @@ async def _cancel_when_asked(task: asyncio.Future[Any], job: Job) -> None:
         await asyncio.sleep(0.02)
 
 
-def load_object(path: str, what: str = "handler") -> Any:
-    """Import ``module:attr`` (or ``module.attr``); ConfigError with the reason.
+def _import_from_cwd() -> None:
+    """Let ``module:attr`` name a module in the current directory, as Celery and RQ do.
 
-    The current directory is searched first, as Celery and RQ do: ``skiplock worker
-    --app jobs:app`` run next to jobs.py finds it without PYTHONPATH.
+    ``python -m`` puts the current directory first on ``sys.path``; the ``skiplock``
+    console script does not, so ``skiplock worker --handler jobs:send`` run next to
+    ``jobs.py`` would fail with "No module named 'jobs'" unless PYTHONPATH=. was set.
+    """
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def load_object(path: str, *, what: str = "object") -> Any:
+    """Import ``module:attr`` (or ``module.attr``) and return the attribute.
+
+    The module is looked up on ``sys.path`` with the current directory first, so a
+    file next to where the command runs is found without PYTHONPATH.  ``attr`` may be
+    dotted (``module:Class.method``).
+
+    Parameters
+    ----------
+    path
+        ``module:attr``, or ``module.attr`` when ``module`` has no ``:``.
+    what
+        What the object is, for the error message ("handler", "app").
+
+    Returns
+    -------
+    Any
+        The attribute.
+
+    Raises
+    ------
+    ConfigError
+        The path is malformed, the module cannot be imported (with the reason), or it
+        lacks the attribute.
     """
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
         raise ConfigError(f"{what} {path!r} is not of the form module:attribute")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    _import_from_cwd()
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        hint = ""
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            # The named module itself is missing (not something it imports): say where
+            # we looked, since a wrong directory is the usual cause.
+            hint = f" (looked in {os.getcwd()} and sys.path)"
+        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}{hint}") from None
     except Exception as exc:
         raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
     target: Any = module
@@ -148,7 +184,7 @@ def load_object(path: str, what: str = "handler") -> Any:
 
 def load_handler(path: str) -> Handler:
     """Import ``module:function`` (or ``module.function``); ConfigError with the reason."""
-    target = load_object(path, "handler")
+    target = load_object(path, what="handler")
     if not callable(target):
         raise ConfigError(f"handler {path!r} is not callable")
     return target  # type: ignore[no-any-return]

@@ -190,7 +190,8 @@ class Queue(QueueBase):
     def connection(self) -> Any:
         """Borrow a pooled connection (autocommit): ``with q.connection() as c``."""
         if self._pool is None:
-            raise DatabaseUnavailable("queue is not open")
+            how = "'with Queue(...) as q:' or 'q.open()'"
+            raise DatabaseUnavailable(f"{type(self).__name__} is not open: use {how} first")
         return self._pool.connection(timeout=self.settings.connect_timeout)
 
     def _execute(
@@ -461,6 +462,7 @@ class Queue(QueueBase):
         store_results: bool | None = None,
         clear_concurrency_limit: bool = False,
         clear_rate_limit: bool = False,
+        create: bool = True,
     ) -> QueueConfig:
         """Set a queue's limits, held in Postgres for every worker on every host.
 
@@ -475,6 +477,18 @@ class Queue(QueueBase):
             Keep handlers' return values (default on).
         clear_concurrency_limit, clear_rate_limit
             Remove a limit.  None leaves a setting as it is.
+        create
+            Set up a queue that has no jobs and no settings yet (the default: limits
+            belong in place before the first job).  False refuses such a name with
+            UnknownQueue, like ``pause``: what ``skiplock limit`` does unless given
+            ``--create``, since a typed name is more likely a typo.
+
+        Raises
+        ------
+        ConfigError
+            A limit that is not a positive number (before any write).
+        UnknownQueue
+            ``create=False`` and the queue has no jobs and no settings.
         """
         cfg = self._execute(
             self._configure_op(
@@ -485,6 +499,7 @@ class Queue(QueueBase):
                 store_results,
                 clear_concurrency_limit,
                 clear_rate_limit,
+                create,
             ),
             what="configure_queue",
         )

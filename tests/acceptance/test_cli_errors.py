@@ -247,6 +247,11 @@ def test_the_worker_role_is_refused_clearly(
     [
         (["pause", "nope"], "unknown queue 'nope'"),
         (["resume", "nope"], "unknown queue 'nope'"),
+        (
+            ["limit", "nope", "--concurrency", "2"],
+            "skiplock: error: unknown queue 'nope': it has no jobs and no settings; "
+            "pass --create to set it up before its first job",
+        ),
         (["limit", "mail", "--concurrency", "0"], "not 0"),
         (["limit", "mail", "--concurrency", "-4"], "not -4"),
         (["limit", "mail", "--rate", "-2"], "not -2.0"),

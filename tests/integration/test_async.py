@@ -56,3 +56,26 @@ def test_async_unreachable() -> None:
             await aq.open()
 
     asyncio.run(main())
+
+
+def test_an_unopened_queue_says_how_to_open_it(queue: Queue) -> None:
+    async def main() -> None:
+        aq = AsyncQueue(queue.settings.dsn, schema=queue.schema)
+        with pytest.raises(DatabaseUnavailable) as info:
+            await aq.enqueue({"n": 1})
+        assert str(info.value) == (
+            "AsyncQueue is not open: use 'async with AsyncQueue(...) as q:' or "
+            "'await q.open()' first"
+        )
+        await aq.open()  # what the message says works
+        try:
+            assert await aq.enqueue({"n": 1}) > 0
+        finally:
+            await aq.close()
+
+    asyncio.run(main())
+    closed = Queue(queue.settings.dsn, schema=queue.schema)
+    closed.close()
+    with pytest.raises(DatabaseUnavailable) as info:
+        closed.enqueue({"n": 1})
+    assert str(info.value) == "Queue is not open: use 'with Queue(...) as q:' or 'q.open()' first"

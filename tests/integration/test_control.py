@@ -401,3 +401,14 @@ def test_requeue_delete_list_and_throughput(queue: Queue) -> None:
     queue.complete(jc)
     counts = {(r["queue"], r["status"]): r["jobs"] for r in queue.throughput(window=600, bucket=60)}
     assert counts.get(("ops", "done")) == 1
+
+
+def test_configure_refuses_an_unknown_queue_only_when_asked(queue: Queue) -> None:
+    with pytest.raises(UnknownQueue, match="'mial': it has no jobs and no settings; pass create"):
+        queue.configure_queue("mial", concurrency_limit=2, create=False)
+    assert queue.queue_settings() == []
+    queue.enqueue({}, queue="mail")  # a queue with a job exists, settings or not
+    assert queue.configure_queue("mail", concurrency_limit=2, create=False).concurrency_limit == 2
+    assert queue.configure_queue("mail", rate_limit=1.0, create=False).concurrency_limit == 2
+    # The default still sets up a queue before its first job (limits belong there first).
+    assert queue.configure_queue("later", concurrency_limit=1).name == "later"

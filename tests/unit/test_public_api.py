@@ -74,6 +74,7 @@ TOOL_MODULES = {
         "dsn_option",
         "echo_json",
         "json_option",
+        "require_extra",
         "schema_option",
         "user_errors",
     },

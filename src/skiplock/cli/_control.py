@@ -72,6 +72,11 @@ def resume(queue_name: str, dsn: str | None, schema: str, as_json: bool) -> None
 @click.option("--clear-concurrency", is_flag=True, help="Remove the concurrency limit.")
 @click.option("--clear-rate", is_flag=True, help="Remove the rate limit.")
 @click.option("--results/--no-results", default=None, help="Store handlers' return values.")
+@click.option(
+    "--create",
+    is_flag=True,
+    help="Set up QUEUE even though it has no jobs or settings yet (else refused: a typo?).",
+)
 @dsn_option
 @schema_option
 @json_option
@@ -84,17 +89,24 @@ def limit(
     clear_concurrency: bool,
     clear_rate: bool,
     results: bool | None,
+    create: bool,
     dsn: str | None,
     schema: str,
     as_json: bool,
 ) -> None:
-    """Set QUEUE's limits (held in Postgres for every worker); no QUEUE: list all settings."""
+    """Set QUEUE's limits (held in Postgres for every worker); no QUEUE: list all settings.
+
+    A QUEUE with no jobs and no settings is refused, as `pause` refuses it, unless
+    --create is given: that is how a queue gets its limits before its first job.
+    """
+    from .._errors import UnknownQueue
+
     with _queue(dsn, schema, min_size=1, max_size=1) as q:
         if queue_name is None:
             configs = q.queue_settings()
         else:
-            configs = [
-                q.configure_queue(
+            try:
+                cfg = q.configure_queue(
                     queue_name,
                     concurrency_limit=concurrency,
                     rate_limit=rate,
@@ -102,8 +114,13 @@ def limit(
                     store_results=results,
                     clear_concurrency_limit=clear_concurrency,
                     clear_rate_limit=clear_rate,
+                    create=create,
                 )
-            ]
+            except UnknownQueue:
+                raise UnknownQueue(
+                    queue_name, "pass --create to set it up before its first job"
+                ) from None
+            configs = [cfg]
     rows: list[dict[str, Any]] = [
         {
             "queue": c.name,

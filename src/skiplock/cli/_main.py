@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -12,7 +13,14 @@ import click
 from .._config import validate_queue
 from .._errors import ConfigError, PayloadError
 from .._queue import Queue
-from .common import dsn_option, echo_json, json_option, schema_option, user_errors
+from .common import (
+    dsn_option,
+    echo_json,
+    json_option,
+    require_extra,
+    schema_option,
+    user_errors,
+)
 
 __all__ = ["main"]
 
@@ -36,6 +44,7 @@ class _Main(click.Group):
         "chaos": "skiplock.chaos._cli",
         "dashboard": "skiplock.dashboard._cli",
         "demo": "skiplock.demo._cli",
+        "embedded": "skiplock.cli._embedded",
         "race": "skiplock.lab._cli",
     }
 
@@ -51,8 +60,27 @@ class _Main(click.Group):
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="skiplock")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
+    ctx.call_on_close(_announce_embedded)
+
+
+def _announce_embedded() -> None:
+    """Say, as the command exits, that an embedded server it started keeps running.
+
+    It is left up on purpose (the next command reuses it in milliseconds instead of
+    starting it again), but a process still running after the command that started it
+    should not be a surprise: one line says where its data is and how to stop it.
+    """
+    from .._embedded import started_here
+
+    for path in started_here():
+        click.echo(
+            f"skiplock: the embedded PostgreSQL keeps running for the next command "
+            f"(data in {path}); stop it with: skiplock embedded stop",
+            err=True,
+        )
 
 
 def _queue(dsn: str | None, schema: str, **kwargs: Any) -> Queue:
@@ -84,6 +112,33 @@ def migrate(dsn: str | None, schema: str, as_json: bool) -> None:
             click.echo(f"schema {schema}: up to date")
 
 
+def _run_at(delay: float | None, text: str | None) -> datetime | None:
+    """--delay or --run-at as an aware time; ConfigError (exit 2) for a bad or naive one.
+
+    A time without a zone is refused rather than guessed: the server would read it in
+    its own TimeZone setting and the shell user in theirs, hours apart.  --delay counts
+    from this machine's clock.
+    """
+    if delay is not None and text is not None:
+        raise ConfigError("give --delay or --run-at, not both")
+    if delay is not None:
+        return datetime.now(UTC) + timedelta(seconds=delay)
+    if text is None:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"--run-at {text!r} is not an ISO 8601 time such as 2030-01-31T09:00:00+01:00"
+        ) from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ConfigError(
+            f"--run-at {text!r} has no timezone: add one, as in 2030-01-31T09:00:00Z (UTC) "
+            "or 2030-01-31T09:00:00+01:00"
+        )
+    return at
+
+
 @main.command()
 @click.argument("payload", required=False)
 @click.option("--queue", "queue_name", default="default", show_default=True)
@@ -100,6 +155,20 @@ def migrate(dsn: str | None, schema: str, as_json: bool) -> None:
     default=1 << 20,
     show_default=True,
     help="Refuse payloads larger than this (UTF-8 bytes of the JSON text).",
+)
+@click.option(
+    "--delay",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Run no earlier than this many seconds from now.",
+)
+@click.option(
+    "--run-at",
+    "run_at_text",
+    default=None,
+    metavar="ISO8601",
+    help="Run no earlier than this time, with its timezone "
+    "(2030-01-31T09:00:00+01:00, or Z for UTC); a time without one is refused.",
 )
 @click.option(
     "--file",
@@ -119,6 +188,8 @@ def enqueue(
     max_attempts: int,
     idempotency_key: str | None,
     max_payload_bytes: int,
+    delay: float | None,
+    run_at_text: str | None,
     payload_file: Any,
     dsn: str | None,
     schema: str,
@@ -127,6 +198,7 @@ def enqueue(
     """Enqueue PAYLOAD (a JSON document), or one job per line of --file."""
     if (payload is None) == (payload_file is None):
         raise click.UsageError("give a JSON PAYLOAD argument or --file, not both")
+    run_at = _run_at(delay, run_at_text)
     docs: list[Any] = []
     lines = [payload] if payload is not None else [ln for ln in payload_file if ln.strip()]
     for n, line in enumerate(lines, 1):
@@ -146,13 +218,18 @@ def enqueue(
                     priority=priority,
                     max_attempts=max_attempts,
                     idempotency_key=idempotency_key,
+                    run_at=run_at,
                 )
             ]
         else:
             if idempotency_key is not None:
                 raise click.UsageError("--key applies to a single job")
             ids = q.enqueue_many(
-                docs, queue=queue_name, priority=priority, max_attempts=max_attempts
+                docs,
+                queue=queue_name,
+                priority=priority,
+                max_attempts=max_attempts,
+                run_at=run_at,
             )
     if as_json:
         echo_json({"queue": queue_name, "ids": ids})
@@ -451,11 +528,13 @@ def worker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if metrics_port is not None:
+        require_extra("the metrics endpoint (--metrics-port)", "metrics", "prometheus_client")
     if (app_path is None) == (handler_path is None):
         raise ConfigError("give --app module:app (a skiplock.App) or --handler module:function")
     app: App | None = None
     if app_path is not None:
-        app = load_object(app_path, "app")
+        app = load_object(app_path, what="app")
         if not isinstance(app, App):
             raise ConfigError(f"--app {app_path!r} is a {type(app).__name__}, not a skiplock.App")
         # The command line wins over the app's own settings, as for every command.

@@ -6,11 +6,12 @@ import ipaddress
 
 import click
 
-from skiplock.cli.common import dsn_option, schema_option, user_errors
+from skiplock.cli.common import dsn_option, require_extra, schema_option, user_errors
 
 __all__ = ["dashboard"]
 
-EXTRA_HINT = "skiplock dashboard needs the dashboard extra: pip install 'skiplock[dashboard]'"
+# What the `dashboard` extra installs; checked before anything else the command does.
+EXTRA_MODULES = ("starlette", "uvicorn", "jinja2")
 
 
 def _loopback(host: str) -> bool:
@@ -51,14 +52,13 @@ def dashboard(
     Actions are POSTs carrying a CSRF token.  It binds 127.0.0.1 unless told otherwise;
     anyone who can reach it can act on the queue, so give --auth before --host 0.0.0.0.
     """
-    try:
-        import uvicorn
+    require_extra("the dashboard", "dashboard", *EXTRA_MODULES)
+    import uvicorn
 
-        from . import create_app, parse_auth
-    except ImportError as exc:
-        raise click.ClickException(f"{EXTRA_HINT} ({exc})") from None
     from skiplock import Queue
     from skiplock.connect import embedded_data_dir, resolve_dsn
+
+    from . import create_app, parse_auth
 
     credentials = parse_auth(auth) if auth is not None else None
     if not _loopback(host) and credentials is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from skiplock.cli.common import dsn_option, echo_json, json_option, user_errors
+from skiplock.cli.common import dsn_option, echo_json, json_option, require_extra, user_errors
 from skiplock.connect import server_dsn
 
 from ._race import RaceResult, run_race
@@ -89,10 +89,9 @@ def write_plot(results: dict[str, RaceResult], path: str | Path) -> Path:
     Path
         Where the plot went.
     """
-    try:
-        import matplotlib
-    except ImportError:
-        raise click.UsageError("--plot needs matplotlib: pip install 'skiplock[plot]'") from None
+    require_extra("--plot", "plot", "matplotlib")
+    import matplotlib
+
     # Agg: no display needed, and no GUI backend probing on a server.
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -205,6 +204,8 @@ def race(
     names = _strategies(strategy_list)
     if do_replay and (plot_path or processes):
         raise click.UsageError("--replay drives two sessions; --plot and --processes do not apply")
+    if plot_path:
+        require_extra("--plot", "plot", "matplotlib")  # before the race, not after it
     server = server_dsn(dsn)
     if do_replay:
         timelines = {n: replay(server, n, jobs=jobs or 10, limit=batch or 3) for n in names}

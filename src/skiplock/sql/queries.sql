@@ -366,10 +366,12 @@ gone AS (
 SELECT count(*) AS n FROM gone;
 
 -- name: status
+-- extract() returns numeric (a Decimal in Python, a string in JSON): float8 is a number
+-- in both.
 SELECT queue,
        status,
        count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))::float8
            AS oldest_pending_seconds,
        count(*) FILTER (WHERE status = 'running' AND locked_until < now()) AS expired_leases,
        count(*) FILTER (WHERE attempts >= %(attempts_alert)s) AS high_attempts
@@ -392,11 +394,17 @@ WHERE id = %(id)s
 RETURNING id, queue, status, result, last_error, attempts, max_attempts;
 
 -- name: configure_queue
--- Settings of a queue, created if missing.  A NULL argument leaves that setting as it
--- is; `clear_*` removes a limit.  A new bucket starts full (rate_burst tokens).
+-- Settings of a queue.  A queue that does not exist yet (no settings, no jobs: the rule
+-- of set_paused) is created only when `create` is true; otherwise no row is returned and
+-- the caller reports a likely typo.  A NULL argument leaves that setting as it is;
+-- `clear_*` removes a limit.  A new bucket starts full (rate_burst tokens).
 INSERT INTO {schema}.queues AS q (name, concurrency_limit, rate_limit, rate_burst,
                                   store_results)
-VALUES (%(queue)s, %(concurrency)s, %(rate)s, %(burst)s, coalesce(%(store_results)s, true))
+SELECT %(queue)s, %(concurrency)s::integer, %(rate)s::float8, %(burst)s::float8,
+       coalesce(%(store_results)s::boolean, true)
+WHERE %(create)s::boolean
+   OR EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s)
+   OR EXISTS (SELECT 1 FROM {schema}.jobs WHERE queue = %(queue)s)
 ON CONFLICT (name) DO UPDATE
 SET concurrency_limit = CASE WHEN %(clear_concurrency)s THEN NULL
                              ELSE coalesce(excluded.concurrency_limit, q.concurrency_limit) END,
