@@ -265,9 +265,7 @@ class AsyncWorker(WorkerBase):
             # cancellation is abandoned, like a hung thread in Worker.
             task.cancel()
             task.add_done_callback(_log_abandoned)
-            self.stats.add(timed_out=1)
-            self._emit("timed_out", job)
-            outcome = Outcome("retry", f"timed out after {self.job_timeout:g}s")
+            outcome = self._timed_out(job)
         elif task.cancelled():
             outcome = failed_outcome(asyncio.CancelledError(), job, self.job_timeout)
         elif (exc := task.exception()) is not None:
@@ -450,13 +448,8 @@ class AsyncWorker(WorkerBase):
         if running:
             _, late = await asyncio.wait(running, timeout=grace) if grace > 0 else (set(), running)
             if late:
-                logger.warning(
-                    "worker %s: %d handler(s) still running after %gs; cancelled, their "
-                    "leases will expire",
-                    self.name,
-                    len(late),
-                    grace,
-                )
+                left = [j for a, j in list(self._held.items()) if self._tasks.get(a) in late]
+                self.abandon(left, grace)
                 for task in late:
                     task.cancel()
                 # Their outcomes are not written: the jobs run again after the lease.

@@ -307,9 +307,7 @@ class Worker(WorkerBase):
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
-                self.stats.add(timed_out=1)
-                self._emit("timed_out", job)
-                self._results.put((job, Outcome("retry", f"timed out after {self.job_timeout:g}s")))
+                self._results.put((job, self._timed_out(job)))
             if now >= next_sweep:
                 self._sweep()
                 next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
@@ -601,12 +599,7 @@ class Worker(WorkerBase):
         grace = 0.0 if self._hard_stop.is_set() else self.shutdown_grace
         if not self._pool.wait_idle(grace):
             left = self._pool.running_jobs()
-            logger.warning(
-                "worker %s: %d handler(s) still running after %gs; their leases will expire",
-                self.name,
-                len(left),
-                grace,
-            )
+            self.abandon(left, grace)
             self._forget(left)
         self._results.put(None)
         self._stopping.set()
