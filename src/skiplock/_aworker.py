@@ -470,4 +470,5 @@ class AsyncWorker(WorkerBase):
 
 def _log_abandoned(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is None:
-        logger.warning("an abandoned handler returned after its timeout; result dropped")
+        # INFO: the attempt's WARNING or ERROR line was logged at the timeout.
+        logger.info("an abandoned handler returned after its timeout; result dropped")

@@ -140,7 +140,7 @@ def log_job(
         "error": error_summary(error),
     }
     if delay is not None:
-        fields["delay"] = delay
+        fields["delay"] = round(delay, 3)
     logger.log(
         level,
         "worker %s: job %d (%s) attempt %d/%d %s",
@@ -474,7 +474,7 @@ class WorkerBase:
         shown = ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
         logger.error(
             "worker %s: %d job(s) abandoned, their handlers still running after the %gs "
-            "grace (%s); they will be retried once their lease (%gs) runs out",
+            "grace (job ids: %s); they will be retried once their lease (%gs) runs out",
             self.name,
             len(jobs),
             grace,
