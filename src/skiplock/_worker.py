@@ -83,7 +83,9 @@ class Worker(WorkerBase):
         worker then polls every ``poll_interval`` seconds.
     shutdown_grace
         On stop, seconds running handlers get to finish.  Unstarted jobs are
-        released at once, with their attempt given back.
+        released at once, with their attempt given back.  Handlers still running
+        after it are abandoned (``stats.abandoned``, one ERROR line): their jobs run
+        again once their leases run out.
     on_event
         ``f(event, job)`` for metrics and histories, called after the fact:
         ``claimed``, ``started``, ``completed`` (the fenced write committed),

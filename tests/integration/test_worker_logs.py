@@ -86,6 +86,22 @@ def at(r: logging.LogRecord, *names: str) -> tuple[Any, ...]:
     return tuple(getattr(r, name) for name in names)
 
 
+def gated() -> tuple[threading.Event, threading.Event, Callable[[Job], Any], Callable[[Job], Any]]:
+    """Handlers (sync, async) that set ``entered`` and return once ``gate`` is set."""
+    entered, gate = threading.Event(), threading.Event()
+
+    def handler(job: Job) -> None:
+        entered.set()
+        gate.wait(30)
+
+    async def ahandler(job: Job) -> None:
+        entered.set()
+        while not gate.is_set():
+            await asyncio.sleep(0.01)
+
+    return entered, gate, handler, ahandler
+
+
 def status(q: Queue, job_id: int) -> str | None:
     job = q.get(job_id)
     return None if job is None else job.status
@@ -197,43 +213,46 @@ def test_a_cancel_logs_one_warning(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("lease", "by_heartbeat"),
+    [(30.0, False), (1.5, True)],  # no heartbeat in the test's time; one every 0.5 s
+    ids=["found-by-the-write", "found-by-a-heartbeat"],
+)
 def test_a_lost_lease_logs_one_warning_per_attempt(
     kind: str,
+    lease: float,
+    by_heartbeat: bool,
     queue: Queue,
     admin: psycopg.Connection[Any],
     lines: Callable[[int], list[logging.LogRecord]],
 ) -> None:
-    entered, gate = threading.Event(), threading.Event()
-
-    def handler(job: Job) -> None:
-        entered.set()
-        gate.wait(30)
-
-    async def ahandler(job: Job) -> None:
-        entered.set()
-        while not gate.is_set():
-            await asyncio.sleep(0.01)
-
+    entered, gate, handler, ahandler = gated()
     job_id = queue.enqueue({})
-    # No listener and no sweeps of its own: nothing renews the lease behind the test.
-    quiet: dict[str, Any] = {"lease": 30, "sweep_interval": 3600, "listen": False}
+    # No listener (its reconnect beats held jobs) and no sweeps: only the test moves
+    # the lease.
+    quiet: dict[str, Any] = {"lease": lease, "sweep_interval": 3600, "listen": False}
     with running(kind, queue, handler, ahandler, **quiet) as w:
         assert entered.wait(20)
+        # Another worker's claim, in one statement: no heartbeat of ours can renew the
+        # lease between an expiry and a sweep.
         admin.execute(
-            sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1s' WHERE id = %s").format(
-                sql.Identifier(queue.schema)
-            ),
+            sql.SQL(
+                "UPDATE {}.jobs SET lease_token = gen_random_uuid(), worker = 'new-owner',"
+                " locked_until = now() + interval '300s' WHERE id = %s"
+            ).format(sql.Identifier(queue.schema)),
             (job_id,),
         )
-        assert queue.sweep() == 1
-        [theirs] = queue.claim(worker="new-owner", lease=300)
+        if by_heartbeat:
+            wait_until(lambda: w.stats.lease_lost >= 1, what="a heartbeat to find it lost")
         gate.set()
-        wait_until(lambda: w.stats.lease_lost >= 1, what="the refused write")
-        wait_until(lambda: len(lines(job_id)) == 1, what="the line")
-    queue.complete(theirs)
+        # The handler's write is refused too (counted), but logged only once.
+        refused = 2 if by_heartbeat else 1
+        wait_until(lambda: w.stats.lease_lost >= refused, what="the refused write")
+        wait_until(lambda: len(lines(job_id)) >= 1, what="the line")
     [line] = lines(job_id)
     assert at(line, "levelname", "event", "attempt") == ("WARNING", "lease_lost", 1)
-    assert "lease lost: the write changed nothing" in line.getMessage()
+    why = "the heartbeat found it swept" if by_heartbeat else "the write changed nothing"
+    assert f"lease lost: {why}" in line.getMessage()
 
 
 @pytest.mark.parametrize("kind", KINDS)
