@@ -29,7 +29,7 @@ _PARAM = re.compile(r"%\((\w+)\)s")
 CLAIM_CONSTANTS = {"queue": "default", "worker": "pgbench", "lease": "30"}
 FROM_CLAIM = ("ids", "tokens", "results")
 # Parameters the claim may leave NULL (its scan starts at the head of the queue).
-CLAIM_NULLS = ("from_priority", "from_run_at", "from_id")
+CLAIM_NULLS = ("from_priority", "from_run_at", "from_id", "tasks")
 
 
 def _text(stmt: sql.Composable | str) -> str:

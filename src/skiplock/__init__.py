@@ -21,11 +21,13 @@ from ._errors import (
 from ._job import Job
 from ._periodic import Periodic
 from ._queue import Queue
+from ._tasks import App, Task
 from ._worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "AsyncQueue",
     "AsyncWorker",
     "ConfigError",
@@ -43,6 +45,7 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "Task",
     "UnknownJob",
     "UnknownQueue",
     "Worker",

@@ -10,7 +10,7 @@ generated file is current.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from time import monotonic
 from types import TracebackType
@@ -272,15 +272,21 @@ class AsyncQueue(QueueBase):
         max_attempts: int = 5,
         idempotency_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        task: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> int:
         """Add one job and return its id.
 
         ``priority``: lower runs first.  ``run_at``: not before this time.  With an
         ``idempotency_key``, a job already enqueued with that key in this queue is
         not duplicated: its id is returned.  With ``conn``, the insert joins that
-        connection's transaction and exists only if the caller commits.
+        connection's transaction and exists only if the caller commits.  ``task``
+        names the function that runs it (``App.task`` sets it; workers of an App claim
+        only the tasks they know) and ``meta`` travels with it (a trace context).
         """
-        make = self._enqueue_op(payload, queue, priority, run_at, max_attempts, idempotency_key)
+        make = self._enqueue_op(
+            payload, queue, priority, run_at, max_attempts, idempotency_key, task, meta
+        )
         job_id = await self._execute(
             make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
         )
@@ -296,10 +302,12 @@ class AsyncQueue(QueueBase):
         max_attempts: int = 5,
         idempotency_keys: Sequence[str | None] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        task: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order."""
         make = self._enqueue_many_op(
-            payloads, queue, priority, run_at, max_attempts, idempotency_keys
+            payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
         )
         ids = await self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
         return list(ids)
@@ -315,6 +323,7 @@ class AsyncQueue(QueueBase):
         lease: float = 30.0,
         conn: psycopg.AsyncConnection[Any] | None = None,
         start: ClaimPosition | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> list[Job]:
         """Take up to ``limit`` due jobs, committed, each with a fresh lease token.
 
@@ -324,10 +333,13 @@ class AsyncQueue(QueueBase):
         pattern); the caller owns errors.  ``start`` (priority, run_at, id) begins the
         scan at that place in claim order instead of the head: jobs sorting before it
         are not taken by this claim (the worker's ``ClaimCursor`` passes it).
+        ``tasks``: take only jobs of these tasks (None: any job).
         """
         own = conn is None or conn.autocommit
         jobs = await self._execute(
-            self._claim_op(worker, queue, limit, lease, own, start), conn=conn, what="claim"
+            self._claim_op(worker, queue, limit, lease, own, start, tasks),
+            conn=conn,
+            what="claim",
         )
         return list(jobs)
 
@@ -601,3 +613,22 @@ class AsyncQueue(QueueBase):
         """Counts per queue and status, oldest pending age, expired leases, high attempts."""
         rows = await self._execute(self._status_op(attempts_alert), what="status")
         return list(rows)
+
+    async def unserved(self, *, alive: float = 30.0) -> list[dict[str, Any]]:
+        """Due jobs whose task no worker seen in the last ``alive`` seconds serves.
+
+        One row per queue and task: ``jobs`` and ``oldest_seconds``.  During a rolling
+        deploy these are the new tasks' jobs waiting for a worker that knows them.
+        """
+        rows = await self._execute(self._unserved_op(alive), what="status")
+        return list(rows)
+
+    async def register_worker(
+        self, name: str, *, queues: Sequence[str], tasks: Sequence[str] | None
+    ) -> None:
+        """Record (or refresh) what worker ``name`` serves; workers call it at each sweep."""
+        await self._execute(self._worker_seen_op(name, queues, tasks), what="register worker")
+
+    async def unregister_worker(self, name: str) -> None:
+        """Remove worker ``name``'s record (a clean stop)."""
+        await self._execute(self._worker_gone_op(name), what="unregister worker")

@@ -78,6 +78,8 @@ class AsyncWorker(WorkerBase):
         prune_interval: float = 60.0,
         synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
+        tasks: Sequence[str] | None = None,
+        task_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -98,6 +100,8 @@ class AsyncWorker(WorkerBase):
             prune_interval=prune_interval,
             synchronous_commit=synchronous_commit,
             periodic=periodic,
+            tasks=tasks,
+            task_timeouts=task_timeouts,
         )
         for queue_name, fn in self._handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -233,7 +237,12 @@ class AsyncWorker(WorkerBase):
             began = time.monotonic()
             start = self._cursor.start(name, began)
             jobs = await self._q.claim(
-                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+                worker=self.name,
+                queue=name,
+                limit=free,
+                lease=self.lease,
+                start=start,
+                tasks=self.tasks,
             )
             rtt = time.monotonic() - began
             self._cursor.claimed(name, start, jobs, rtt, began + rtt)
@@ -251,10 +260,11 @@ class AsyncWorker(WorkerBase):
         assert self._outcomes is not None
         self._emit("started", job)
         handler = self._handlers[job.queue]
+        timeout = self.timeout_for(job)
         task = asyncio.ensure_future(handler(job))
         watcher = asyncio.ensure_future(self._watch_cancel(task, job))
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.job_timeout)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
         except asyncio.CancelledError:
             task.cancel()  # the worker is stopping past its grace
             raise
@@ -265,11 +275,11 @@ class AsyncWorker(WorkerBase):
             # cancellation is abandoned, like a hung thread in Worker.
             task.cancel()
             task.add_done_callback(_log_abandoned)
-            outcome = self._timed_out(job)
+            outcome = self._timed_out(job, timeout)
         elif task.cancelled():
-            outcome = failed_outcome(asyncio.CancelledError(), job, self.job_timeout)
+            outcome = failed_outcome(asyncio.CancelledError(), job, timeout)
         elif (exc := task.exception()) is not None:
-            outcome = failed_outcome(exc, job, self.job_timeout)
+            outcome = failed_outcome(exc, job, timeout)
         else:
             outcome = ok_outcome(job, task.result(), self._settings.max_result_bytes)
         self._tasks.pop(job.attempt, None)
@@ -287,6 +297,12 @@ class AsyncWorker(WorkerBase):
     async def _sweep(self) -> None:
         assert self._q is not None and self._wake is not None
         start = time.monotonic()
+        if self._register_due(start):
+            try:
+                await self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
+                self._registered(start)
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("register", exc)
         window = self._sweeps.window(start)
         try:
             n = await self._q.sweep(window=window)
@@ -463,6 +479,10 @@ class AsyncWorker(WorkerBase):
         for task in helpers[1:]:
             task.cancel()
         await asyncio.gather(*helpers[1:], return_exceptions=True)
+        try:
+            await self._q.unregister_worker(self.name)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("unregister", exc)  # the row ages out; status ignores it
         await self._q.close()
         self._loop = None
         logger.info("async worker %s stopped: %s", self.name, self.stats.snapshot())

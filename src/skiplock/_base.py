@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import select
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -272,11 +272,14 @@ class QueueBase:
         run_at: datetime | None,
         max_attempts: int,
         idempotency_key: str | None,
+        task: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> MakeOp:
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
+        meta_text = _meta_text(task, meta)
         return lambda _after: _ops.enqueue(
             self._stmts,
             queue=queue,
@@ -285,6 +288,8 @@ class QueueBase:
             run_at=run_at,
             max_attempts=max_attempts,
             key=idempotency_key,
+            task=task,
+            meta=meta_text,
         )
 
     def _enqueue_many_op(
@@ -295,8 +300,11 @@ class QueueBase:
         run_at: datetime | None,
         max_attempts: int,
         idempotency_keys: Sequence[str | None] | None,
+        task: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> MakeOp:
         _check_enqueue_options(queue, priority, run_at, max_attempts)
+        meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
         texts = []
@@ -318,6 +326,8 @@ class QueueBase:
             run_at=run_at,
             max_attempts=max_attempts,
             keys=keys,
+            task=task,
+            meta=meta_text,
         )
 
     def _claim_op(
@@ -328,8 +338,10 @@ class QueueBase:
         lease: float,
         own_transaction: bool = True,
         start: _ops.ClaimPosition | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> MakeOp:
         validate_queue(queue)
+        names = None if tasks is None else [check_task_name(t) for t in tasks]
         if not isinstance(worker, str) or not worker or len(worker) > 200 or "\x00" in worker:
             raise ConfigError(
                 "worker name must be a non-empty string of at most 200 characters, without NUL"
@@ -345,6 +357,7 @@ class QueueBase:
             lease=float(lease),
             own_transaction=own_transaction,
             start=start,
+            tasks=names,
         )
 
     def _fenced_op(
@@ -407,6 +420,22 @@ class QueueBase:
 
     def _status_op(self, attempts_alert: int) -> MakeOp:
         return lambda _after: _single(self._stmts.status, {"attempts_alert": attempts_alert})
+
+    def _unserved_op(self, alive: float) -> MakeOp:
+        return lambda _after: _single(self._stmts.unserved, {"alive": float(alive)})
+
+    def _worker_seen_op(
+        self, name: str, queues: Sequence[str], tasks: Sequence[str] | None
+    ) -> MakeOp:
+        params = {
+            "name": name,
+            "queues": list(queues),
+            "tasks": None if tasks is None else list(tasks),
+        }
+        return lambda _after: _single(self._stmts.worker_seen, params)
+
+    def _worker_gone_op(self, name: str) -> MakeOp:
+        return lambda _after: _single(self._stmts.worker_gone, {"name": name})
 
     def _get_op(self, job_id: int) -> MakeOp:
         return lambda _after: _get(self._stmts, job_id)
@@ -480,6 +509,26 @@ class QueueBase:
 # Longest lease or retry delay: now() plus this stays far inside timestamptz's range.
 MAX_DELAY_SECONDS = 100 * 365 * 86400.0
 _INT4_MAX = 2**31 - 1
+
+
+def check_task_name(name: str) -> str:
+    """A task name as the jobs table stores it: non-empty text of at most 200 characters."""
+    if not isinstance(name, str) or not name or len(name) > 200 or "\x00" in name:
+        raise ConfigError(
+            f"task name must be a non-empty string of at most 200 characters, not {name!r}"
+        )
+    return name
+
+
+def _meta_text(task: str | None, meta: Mapping[str, Any] | None) -> str | None:
+    if task is not None:
+        check_task_name(task)
+    if not meta:
+        return None
+    try:
+        return _ops.encode_payload(dict(meta), 64 * 1024)
+    except PayloadError as exc:
+        raise PayloadError(f"job meta: {exc}") from None
 
 
 def _check_enqueue_options(

@@ -6,6 +6,8 @@ import asyncio
 import importlib
 import inspect
 import logging
+import os
+import sys
 import threading
 import time
 import traceback
@@ -23,6 +25,7 @@ __all__ = [
     "Outcome",
     "failed_outcome",
     "load_handler",
+    "load_object",
     "ok_outcome",
     "run_coroutine",
     "run_handler",
@@ -117,22 +120,35 @@ async def _cancel_when_asked(task: asyncio.Future[Any], job: Job) -> None:
         await asyncio.sleep(0.02)
 
 
-def load_handler(path: str) -> Handler:
-    """Import ``module:function`` (or ``module.function``); ConfigError with the reason."""
+def load_object(path: str, what: str = "handler") -> Any:
+    """Import ``module:attr`` (or ``module.attr``); ConfigError with the reason.
+
+    The current directory is searched first, as Celery and RQ do: ``skiplock worker
+    --app jobs:app`` run next to jobs.py finds it without PYTHONPATH.
+    """
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ConfigError(f"handler {path!r} is not of the form module:function")
+        raise ConfigError(f"{what} {path!r} is not of the form module:attribute")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
-        raise ConfigError(f"cannot import handler module {module_name!r}: {exc}") from None
+        raise ConfigError(f"cannot import {what} module {module_name!r}: {exc}") from None
     target: Any = module
     for part in attr.split("."):
         target = getattr(target, part, None)
         if target is None:
             raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+    return target
+
+
+def load_handler(path: str) -> Handler:
+    """Import ``module:function`` (or ``module.function``); ConfigError with the reason."""
+    target = load_object(path, "handler")
     if not callable(target):
         raise ConfigError(f"handler {path!r} is not callable")
     return target  # type: ignore[no-any-return]
@@ -159,7 +175,7 @@ class HandlerPool:
         size: int,
         run: Callable[[Job], Outcome],
         on_done: Callable[[Job, Outcome], None],
-        timeout: float | None,
+        timeout: Callable[[Job], float | None],
         name: str,
     ) -> None:
         self._size = size
@@ -192,7 +208,8 @@ class HandlerPool:
             job = self._tasks.get()
             if job is None:
                 return
-            deadline = time.monotonic() + self._timeout if self._timeout else None
+            timeout = self._timeout(job)
+            deadline = time.monotonic() + timeout if timeout else None
             me = _Running(job, deadline)
             with self._lock:
                 self._running[job.attempt] = me

@@ -42,6 +42,10 @@ class Job:
     key: str | None = None
     result: Any = None
     store_result: bool = True
+    # The task that runs this job (App.task, a Django task), None for handler-per-queue
+    # jobs; ``meta`` is what travels with it besides its arguments (a trace context).
+    task: str | None = None
+    meta: Any = None
     # Set when a cancel of this job reaches its worker (at a heartbeat); an Event so that
     # the frozen record can still carry it across threads.
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
@@ -91,6 +95,8 @@ class Job:
             key=row["idempotency_key"],
             result=row.get("result"),
             store_result=bool(row.get("store_result", True)),
+            task=row.get("task"),
+            meta=row.get("meta"),
         )
         if row.get("cancel_requested"):
             job.mark_cancelled()

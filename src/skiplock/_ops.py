@@ -97,6 +97,8 @@ def enqueue(
     run_at: datetime | None,
     max_attempts: int,
     key: str | None,
+    task: str | None = None,
+    meta: str | None = None,
 ) -> Op[int]:
     params = {
         "queue": queue,
@@ -105,6 +107,8 @@ def enqueue(
         "run_at": run_at,
         "max_attempts": max_attempts,
         "idempotency_key": key,
+        "task": task,
+        "meta": meta,
     }
     # The unique index decides; the lookup runs as a new statement so that under READ
     # COMMITTED it sees the row whose commit made our insert conflict.  A row pruned in
@@ -131,6 +135,8 @@ def enqueue_many(
     run_at: datetime | None,
     max_attempts: int,
     keys: Sequence[str | None] | None,
+    task: str | None = None,
+    meta: str | None = None,
 ) -> Op[list[int]]:
     n = len(payloads)
     if n == 0:
@@ -141,13 +147,16 @@ def enqueue_many(
         if run_at is None:
             yield Copy(
                 stmts.copy_jobs,
-                [(i, queue, p, priority, max_attempts) for i, p in zip(ids, payloads, strict=True)],
+                [
+                    (i, queue, p, priority, max_attempts, task, meta)
+                    for i, p in zip(ids, payloads, strict=True)
+                ],
             )
         else:
             yield Copy(
                 stmts.copy_jobs_at,
                 [
-                    (i, queue, p, priority, max_attempts, run_at)
+                    (i, queue, p, priority, max_attempts, task, meta, run_at)
                     for i, p in zip(ids, payloads, strict=True)
                 ],
             )
@@ -164,6 +173,8 @@ def enqueue_many(
             "run_ats": [run_at] * n,
             "max_attempts": [max_attempts] * n,
             "keys": list(keys),
+            "task": task,
+            "meta": meta,
         },
     )
     inserted = {int(r["id"]) for r in rows}
@@ -195,13 +206,15 @@ def claim(
     lease: float,
     own_transaction: bool = True,
     start: ClaimPosition | None = None,
+    tasks: Sequence[str] | None = None,
 ) -> Op[list[Job]]:
     """The claim: one statement, or for a limited queue the locked path.
 
     ``own_transaction``: the connection is in autocommit, so the locked path opens and
     commits its own transaction; otherwise it joins the caller's, whose commit then
     ends the turn of this queue's claims.  ``start``: the position in claim order the
-    scan starts at (None: the head); see ``ClaimCursor``.
+    scan starts at (None: the head); see ``ClaimCursor``.  ``tasks``: only jobs of
+    these tasks (None: any job, with or without a task).
     """
     p, r, i = start if start is not None else (None, None, None)
     params = {
@@ -212,6 +225,7 @@ def claim(
         "from_priority": p,
         "from_run_at": r,
         "from_id": i,
+        "tasks": None if tasks is None else list(tasks),
     }
     rows = yield Execute(stmts.claim, params)
     if rows and rows[0]["queue_limited"]:

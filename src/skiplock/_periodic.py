@@ -96,6 +96,9 @@ class Periodic:
         at most this old.
     priority, max_attempts
         As for ``Queue.enqueue``.
+    task
+        The task name the jobs carry (``App.periodic`` sets it, with the task's
+        arguments as the payload); None for handler-per-queue jobs.
     """
 
     name: str
@@ -107,6 +110,7 @@ class Periodic:
     grace: float = 60.0
     priority: int = 0
     max_attempts: int = 5
+    task: str | None = None
     zone: ZoneInfo = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -315,6 +319,7 @@ def schedule(schema: str, specs: Sequence[Periodic], now: datetime | None = None
                     "payload": spec.payload_for(tick),
                     "priority": spec.priority,
                     "max_attempts": spec.max_attempts,
+                    "task": spec.task,
                 },
             )
             if inserted:

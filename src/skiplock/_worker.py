@@ -114,6 +114,10 @@ class Worker(WorkerBase):
         ``Periodic`` schedules this worker enqueues, in a thread of its own.  Run the
         same list on any number of workers: each tick is enqueued once (see
         docs/periodic.md).  The jobs go to each spec's queue, served here or not.
+    tasks
+        Claim only jobs of these task names (``App.worker`` passes the app's tasks);
+        None, the default, claims every job of the queues.  A job of a task the
+        worker does not know is left pending, uncharged, for a worker that knows it.
     """
 
     def __init__(
@@ -138,6 +142,8 @@ class Worker(WorkerBase):
         prune_interval: float = 60.0,
         synchronous_commit: bool = True,
         periodic: Sequence[Periodic] = (),
+        tasks: Sequence[str] | None = None,
+        task_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -158,6 +164,8 @@ class Worker(WorkerBase):
             prune_interval=prune_interval,
             synchronous_commit=synchronous_commit,
             periodic=periodic,
+            tasks=tasks,
+            task_timeouts=task_timeouts,
         )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
@@ -250,7 +258,7 @@ class Worker(WorkerBase):
             self.concurrency,
             self._run_one,
             self._handler_done,
-            self.job_timeout,
+            self.timeout_for,
             name=f"skiplock-{self.name}",
         )
         self._start_thread(self._writer_loop, "writer")
@@ -309,7 +317,7 @@ class Worker(WorkerBase):
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
-                self._results.put((job, self._timed_out(job)))
+                self._results.put((job, self._timed_out(job, self.timeout_for(job))))
             if now >= next_sweep:
                 self._sweep()
                 next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
@@ -330,8 +338,9 @@ class Worker(WorkerBase):
 
     def _wait_for_work(self) -> None:
         timeout = self.poll_interval
-        if self.job_timeout:
-            timeout = min(timeout, max(self.job_timeout / 4, 0.05))
+        shortest = self.shortest_timeout
+        if shortest:
+            timeout = min(timeout, max(shortest / 4, 0.05))
         if self._more and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
         self._wake.wait(timeout)
@@ -347,7 +356,12 @@ class Worker(WorkerBase):
             began = time.monotonic()
             start = self._cursor.start(name, began)
             jobs = self._q.claim(
-                worker=self.name, queue=name, limit=free, lease=self.lease, start=start
+                worker=self.name,
+                queue=name,
+                limit=free,
+                lease=self.lease,
+                start=start,
+                tasks=self.tasks,
             )
             rtt = time.monotonic() - began
             self._cursor.claimed(name, start, jobs, rtt, began + rtt)
@@ -368,6 +382,12 @@ class Worker(WorkerBase):
     def _sweep(self) -> None:
         assert self._q is not None
         start = time.monotonic()
+        if self._register_due(start):
+            try:
+                self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
+                self._registered(start)
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("register", exc)
         window = self._sweeps.window(start)
         try:
             n = self._q.sweep(window=window)
@@ -391,7 +411,7 @@ class Worker(WorkerBase):
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
         return run_handler(
-            self._handlers[job.queue], job, self.job_timeout, self._settings.max_result_bytes
+            self._handlers[job.queue], job, self.timeout_for(job), self._settings.max_result_bytes
         )
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
@@ -613,6 +633,10 @@ class Worker(WorkerBase):
         for t in others:
             t.join(timeout=max(grace, 1.0) + 5.0)
         self._pool.shutdown()
+        try:
+            self._q.unregister_worker(self.name)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("unregister", exc)  # the row ages out; status ignores it
         for lane in self._lanes:
             lane.close()
         self._running = False

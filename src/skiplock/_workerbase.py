@@ -127,7 +127,7 @@ def log_job(
     second line at DEBUG: at WARNING and ERROR a line per failed attempt must stay one
     line, or a failing queue buries everything else in the log.
     """
-    task = getattr(job, "task", None)  # the task layer's name for the job, if it has one
+    task = job.task  # the task layer's name for the job; None for handler-per-queue
     where = f"queue {job.queue}, task {task}" if task else f"queue {job.queue}"
     fields: dict[str, object] = {
         "worker": worker,
@@ -230,6 +230,8 @@ class WorkerBase:
         prune_interval: float,
         synchronous_commit: bool,
         periodic: Sequence[Periodic] = (),
+        tasks: Sequence[str] | None = None,
+        task_timeouts: Mapping[str, float] | None = None,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -253,6 +255,12 @@ class WorkerBase:
         if job_timeout is not None and not job_timeout > 0:
             raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
         self.periodic = check_periodic(periodic)
+        # The tasks this worker can run (None: every job of its queues).  Its claims take
+        # only those, so a job of a task it does not know waits for a worker that does.
+        self.tasks: list[str] | None = None if tasks is None else sorted(set(tasks))
+        if self.tasks is not None and not self.tasks:
+            raise ConfigError("a worker of tasks needs at least one task")
+        self._registered_at: float | None = None
         self._rotation = 0
         self.queues = names
         self.concurrency = concurrency
@@ -261,6 +269,10 @@ class WorkerBase:
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.job_timeout = job_timeout
+        self._task_timeouts = dict(task_timeouts or {})
+        for task_name, t in self._task_timeouts.items():
+            if not t > 0:
+                raise ConfigError(f"task {task_name!r}: timeout must be positive, not {t!r}")
         self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
@@ -329,6 +341,28 @@ class WorkerBase:
             for job in jobs:
                 self._emit("claimed", job)
 
+    def timeout_for(self, job: Job) -> float | None:
+        """Seconds this job's attempt may run: its task's timeout, else the worker's."""
+        if job.task is not None and job.task in self._task_timeouts:
+            return self._task_timeouts[job.task]
+        return self.job_timeout
+
+    @property
+    def shortest_timeout(self) -> float | None:
+        """The shortest timeout any job here may have (how often to look for overruns)."""
+        all_ = [t for t in (self.job_timeout, *self._task_timeouts.values()) if t]
+        return min(all_) if all_ else None
+
+    # A worker refreshes its row in `workers` this often: `status` counts a worker as
+    # gone after 30 s without a refresh (Queue.unserved's default).
+    REGISTER_INTERVAL = 10.0
+
+    def _register_due(self, now: float) -> bool:
+        return self._registered_at is None or now - self._registered_at >= self.REGISTER_INTERVAL
+
+    def _registered(self, now: float) -> None:
+        self._registered_at = now
+
     def _upkeep_failed(self, what: str, exc: BaseException) -> None:
         # A sweep or prune that fails is retried at its next turn; any worker may do it.
         self.stats.add(db_errors=1)
@@ -362,13 +396,13 @@ class WorkerBase:
         ]
         return done, failed
 
-    def _timed_out(self, job: Job) -> Outcome:
+    def _timed_out(self, job: Job, timeout: float | None) -> Outcome:
         """Count a handler past its timeout; returns the outcome to write for it."""
         self.stats.add(timed_out=1)
         self._emit("timed_out", job)
         with self._log_lock:
             self._timeouts.add(job.attempt)
-        return Outcome("retry", f"timed out after {self.job_timeout:g}s")
+        return Outcome("retry", f"timed out after {timeout or 0.0:g}s")
 
     def completed(self, items: Sequence[tuple[Job, Any]], res: FenceResult) -> None:
         """Count and report a completion statement's answer."""

@@ -55,7 +55,7 @@ def _picked_buffers(dsn: str, schema: str, start: Any) -> int:
     """Shared buffers the claim's index scan touched (EXPLAIN ANALYZE, rolled back)."""
     p, r, i = start if start is not None else (None, None, None)
     params = {"queue": "default", "limit": 10, "worker": "x", "lease": 30.0}
-    params |= {"from_priority": p, "from_run_at": r, "from_id": i}
+    params |= {"from_priority": p, "from_run_at": r, "from_id": i, "tasks": None}
     with psycopg.connect(dsn) as conn:
         rows = conn.execute(
             sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) ") + statements(schema).claim, params

@@ -40,7 +40,7 @@ def claim_params(session: str) -> dict[str, Any]:
         "queue": "default",
         "limit": 1,
         "lease": 30.0,
-        **dict.fromkeys(("from_priority", "from_run_at", "from_id")),  # from the head
+        **dict.fromkeys(("from_priority", "from_run_at", "from_id", "tasks")),  # from the head
     }
 
 

@@ -69,7 +69,7 @@ def test_claim_uses_the_partial_index(
     queue.enqueue_many([{}] * 200, queue="q")
     admin.execute(sql.SQL("ANALYZE {}.jobs").format(s))
     params = {"queue": "q", "limit": 10, "worker": "w", "lease": 30.0}
-    params |= dict.fromkeys(("from_priority", "from_run_at", "from_id"))  # from the head
+    params |= dict.fromkeys(("from_priority", "from_run_at", "from_id", "tasks"))  # from the head
     plan = _plan(admin, statements(queue.schema).claim, params)
     assert "jobs_claimable_idx" in plan
     assert '"Seq Scan"' not in plan

@@ -7,6 +7,7 @@ import pytest
 import skiplock
 
 PUBLIC = {
+    "App",
     "AsyncQueue",
     "AsyncWorker",
     "ConfigError",
@@ -24,6 +25,7 @@ PUBLIC = {
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "Task",
     "UnknownJob",
     "UnknownQueue",
     "Worker",

@@ -41,6 +41,10 @@ WORKER = {
     "get",
     "cancel",
     "status",
+    # the worker's own row in `workers`, and status's unserved tasks
+    "worker_seen",
+    "worker_gone",
+    "unserved",
 }
 # Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
 OWNER = {
@@ -114,6 +118,10 @@ def test_worker_update_grant_is_exactly_what_the_worker_sets() -> None:
     assert grants()[("worker", "select")] == {"*"}  # a claim returns the whole row
     assert set(grants()) == {("worker", "update"), ("worker", "select"), *producer_keys()}
     assert grants("queues") == {("worker", "select"): {"*"}, ("worker", "update"): sets["queues"]}
+    # A worker writes only its own row of `workers`, but needs all four to do so.
+    assert grants("workers") == {
+        ("worker", p): {"*"} for p in ("select", "insert", "update", "delete")
+    }
 
 
 def test_producer_update_grant_is_exactly_what_wait_sets() -> None:

@@ -233,8 +233,9 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     """Counts per queue and status, oldest pending age, expired leases, high attempts."""
     with _queue(dsn, schema, min_size=1, max_size=1) as q:
         rows = q.status(attempts_alert=attempts_alert)
+        unserved = q.unserved()
     if as_json:
-        echo_json({"queues": rows})
+        echo_json({"queues": rows, "unserved": unserved})
         return
     from rich.console import Console
     from rich.table import Table
@@ -263,6 +264,13 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
         click.echo("no jobs")
         return
     Console().print(table)
+    if unserved:
+        waiting = Table(title="waiting for a worker that knows the task (not failed, not charged)")
+        for col in ("queue", "task", "jobs", "oldest"):
+            waiting.add_column(col, justify="right" if col in ("jobs", "oldest") else "left")
+        for u in unserved:
+            waiting.add_row(u["queue"], u["task"], str(u["jobs"]), f"{u['oldest_seconds']:.1f}s")
+        Console().print(waiting)
 
 
 @main.command()
@@ -270,12 +278,19 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     "--queue",
     "queues",
     multiple=True,
-    default=["default"],
-    show_default=True,
-    help="Queue to serve; repeat for several.",
+    help="Queue to serve; repeat for several [default: the app's queues, or 'default'].",
 )
 @click.option(
-    "--handler", "handler_path", required=True, help="module:function called with each Job."
+    "--app",
+    "app_path",
+    default=None,
+    help="module:attribute of a skiplock.App: run every task of the app.",
+)
+@click.option(
+    "--handler",
+    "handler_path",
+    default=None,
+    help="module:function called with each Job (handler-per-queue jobs).",
 )
 @click.option("--concurrency", default=4, show_default=True, help="Handlers running at once.")
 @click.option(
@@ -285,7 +300,10 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency].",
 )
 @click.option(
-    "--lease", default=30.0, show_default=True, help="Seconds a claim lasts without heartbeat."
+    "--lease",
+    default=None,
+    type=float,
+    help="Seconds a claim lasts without heartbeat [default: 30, or the app's longest task lease].",
 )
 @click.option(
     "--heartbeat",
@@ -392,10 +410,11 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
 @user_errors
 def worker(
     queues: tuple[str, ...],
-    handler_path: str,
+    app_path: str | None,
+    handler_path: str | None,
     concurrency: int,
     prefetch: int | None,
-    lease: float,
+    lease: float | None,
     heartbeat_interval: float | None,
     job_timeout: float | None,
     name: str | None,
@@ -419,9 +438,12 @@ def worker(
     dsn: str | None,
     schema: str,
 ) -> None:
-    """Run handlers for jobs until SIGTERM/SIGINT (a second signal exits at once).
+    """Run tasks or handlers until SIGTERM/SIGINT (a second signal exits at once).
 
-    With --periodic NAME=CRON, also enqueue a job on that schedule, with payload
+    --app module:app runs every task of a skiplock.App (its @app.periodic schedules
+    too); --handler module:function runs one function for every job of the queues.
+    Modules are imported from the current directory first.  With --periodic
+    NAME=CRON, also enqueue a job on that schedule, with payload
     {"periodic": NAME, "scheduled_at": ISO time}, to --periodic-queue.
 
     Exits 3 when handlers were still running at the end of --grace: their jobs were
@@ -431,8 +453,9 @@ def worker(
     import os
     import signal
 
-    from .._handlers import load_handler
+    from .._handlers import load_handler, load_object
     from .._logs import JsonFormatter
+    from .._tasks import App
     from .._worker import Worker
 
     log_handler = logging.StreamHandler(sys.stderr)
@@ -442,11 +465,29 @@ def worker(
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
-    handler = load_handler(handler_path)
+    if (app_path is None) == (handler_path is None):
+        raise ConfigError("give --app module:app (a skiplock.App) or --handler module:function")
+    app: App | None = None
+    if app_path is not None:
+        app = load_object(app_path, "app")
+        if not isinstance(app, App):
+            raise ConfigError(f"--app {app_path!r} is a {type(app).__name__}, not a skiplock.App")
+        # The command line wins over the app's own settings, as for every command.
+        dsn = dsn if dsn is not None else app.dsn
+        source = click.get_current_context().get_parameter_source("schema")
+        if source is click.core.ParameterSource.DEFAULT:
+            schema = app.schema
+        app_queues = sorted({t.queue for t in app.tasks.values()})
+        first_queue = queues[0] if queues else (app_queues[0] if app_queues else "default")
+    else:
+        assert handler_path is not None
+        handler = load_handler(handler_path)
+        queues = queues or ("default",)
+        first_queue = queues[0]
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything
     periodic = _periodic_specs(
-        periodic_specs, periodic_queue or queues[0], timezone, catch_up, periodic_grace
+        periodic_specs, periodic_queue or first_queue, timezone, catch_up, periodic_grace
     )
     q = _queue(dsn, schema, min_size=1, max_size=1, pooler=pooler)
     metrics = None
@@ -462,25 +503,31 @@ def worker(
             logging.getLogger("skiplock.worker").info(
                 "metrics at http://%s:%d/metrics", metrics_addr, port
             )
-        w = Worker(
-            q,
-            handler,
-            queues=list(queues),
-            concurrency=concurrency,
-            prefetch=prefetch,
-            lease=lease,
-            heartbeat_interval=heartbeat_interval,
-            name=name,
-            poll_interval=poll_interval,
-            sweep_interval=sweep_interval,
-            job_timeout=job_timeout,
-            listen=not no_listen,
-            shutdown_grace=shutdown_grace,
-            retention=retention,
-            periodic=periodic,
-            on_event=None if metrics is None else metrics.on_event,
-            on_measure=None if metrics is None else metrics.on_measure,
-        )
+        options: dict[str, Any] = {
+            "concurrency": concurrency,
+            "prefetch": prefetch,
+            "heartbeat_interval": heartbeat_interval,
+            "name": name,
+            "poll_interval": poll_interval,
+            "sweep_interval": sweep_interval,
+            "job_timeout": job_timeout,
+            "listen": not no_listen,
+            "shutdown_grace": shutdown_grace,
+            "retention": retention,
+            "on_event": None if metrics is None else metrics.on_event,
+            "on_measure": None if metrics is None else metrics.on_measure,
+        }
+        if lease is not None:
+            options["lease"] = lease
+        if app is not None:
+            w = app.worker(
+                queues=list(queues) or None,
+                using=q,
+                periodic=[*app.periodic_specs, *periodic],
+                **options,
+            )
+        else:
+            w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
         signals = {"n": 0}
 
         def on_signal(signum: int, _frame: object) -> None:

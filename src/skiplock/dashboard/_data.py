@@ -47,10 +47,14 @@ class Overview:
     chart_svg: str
     legend: list[dict[str, Any]]
     generated_at: float
+    # Due jobs whose task no live worker knows (a rolling deploy): queue, task, jobs,
+    # oldest_seconds.  Not lost, not charged; waiting for a worker with that task.
+    unserved: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "queues": [q.to_json() for q in self.queues],
+            "unserved": self.unserved,
             "totals": {s: sum(q.counts[s] for q in self.queues) for s in STATUSES},
             "chart_svg": self.chart_svg,
             "legend": self.legend,
@@ -81,6 +85,7 @@ def overview(queue: Queue, rng: ChartRange) -> Overview:
         chart_svg=throughput_svg(rows, rng, now),
         legend=legend(rows, rng, now),
         generated_at=now,
+        unserved=queue.unserved(),
     )
 
 

@@ -96,6 +96,7 @@ class ClaimContext:
             "from_priority": None,
             "from_run_at": None,
             "from_id": None,
+            "tasks": None,  # any job, with or without a task
         }
 
 

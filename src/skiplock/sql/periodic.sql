@@ -30,9 +30,9 @@ WITH tick AS (
     ON CONFLICT (name, scheduled_at) DO NOTHING
     RETURNING job_id
 )
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts)
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task)
 SELECT tick.job_id, %(queue)s, %(payload)s::jsonb, %(priority)s, %(scheduled_at)s,
-       %(max_attempts)s
+       %(max_attempts)s, %(task)s
 FROM tick
 RETURNING id;
 

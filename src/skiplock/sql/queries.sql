@@ -28,6 +28,9 @@
 -- may take does not depend on it, only how soon one that sorts before the position is
 -- seen: the worker claims from the head again after 20 times that claim's own duration
 -- (every 50 ms on a clean table, at most every 10 s: _cursor.py).
+-- `tasks` (NULL: any) limits the claim to the tasks this worker knows: a job for a task
+-- it does not know is not taken, so it is not failed and not charged an attempt; it
+-- stays pending for a worker that knows it (migration 0007, a rolling deploy).
 -- The UPDATE finds each picked row by its ctid, the version the CTE locked (nobody can
 -- change it while we hold the lock): by id alone, the planner trusted a stale estimate
 -- of one pending row and scanned jobs_claimable_idx for every picked row, 72 ms a claim
@@ -50,6 +53,7 @@ picked AS MATERIALIZED (
                                      coalesce(%(from_run_at)s::timestamptz, '-infinity'),
                                      coalesce(%(from_id)s::bigint, -9223372036854775808))
       AND NOT EXISTS (SELECT FROM cfg WHERE cfg.stop)
+      AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
     ORDER BY priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -116,6 +120,7 @@ picked AS MATERIALIZED (
     WHERE status = 'pending'
       AND queue = %(queue)s
       AND run_at <= now()
+      AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
     ORDER BY priority, run_at, id
     LIMIT (SELECT coalesce(max(n), 0) FROM allowed)
     FOR UPDATE SKIP LOCKED
@@ -279,9 +284,10 @@ RETURNING j.id, j.status;
 -- name: enqueue
 -- The unique index on (queue, idempotency_key) decides dedup; ON CONFLICT returns no
 -- row for a duplicate and the caller looks the existing id up in a new statement.
-INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, idempotency_key)
+INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, idempotency_key,
+                           task, meta)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
-        %(max_attempts)s, %(idempotency_key)s)
+        %(max_attempts)s, %(idempotency_key)s, %(task)s, %(meta)s::jsonb)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -289,8 +295,10 @@ RETURNING id;
 -- The keyed path of enqueue_many: same dedup as `enqueue`, for many rows at once.  Ids
 -- come from `reserve_ids`, so the caller can tell which of its rows were inserted; a
 -- key repeated inside one batch conflicts with its first row and is skipped.
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key)
-SELECT r.id, r.queue, r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts, r.key
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
+                           task, meta)
+SELECT r.id, r.queue, r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts, r.key,
+       %(task)s, %(meta)s::jsonb
 FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
             %(run_ats)s::timestamptz[], %(max_attempts)s::int[], %(keys)s::text[])
      AS r(id, queue, payload, priority, run_at, max_attempts, key)
@@ -310,11 +318,11 @@ SELECT nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id'
 FROM generate_series(1, %(n)s);
 
 -- name: copy_jobs
-COPY {schema}.jobs (id, queue, payload, priority, max_attempts)
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta)
 FROM STDIN;
 
 -- name: copy_jobs_at
-COPY {schema}.jobs (id, queue, payload, priority, max_attempts, run_at)
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, run_at)
 FROM STDIN;
 
 -- name: get
@@ -457,3 +465,36 @@ WHERE status IN ('done', 'failed', 'cancelled')
   AND finished_at >= now() - make_interval(secs => %(window)s)
 GROUP BY 1, 2, 3
 ORDER BY 3, 1, 2;
+
+-- name: worker_seen
+-- A worker records the queues and tasks it serves (tasks NULL: every job of its
+-- queues), at start and at each sweep.  Rows of workers gone for a day are removed by
+-- whichever worker comes by: a crashed worker never deletes its own.
+WITH gone AS (
+    DELETE FROM {schema}.workers WHERE seen_at < now() - interval '1 day'
+)
+INSERT INTO {schema}.workers AS w (name, queues, tasks)
+VALUES (%(name)s, %(queues)s::text[], %(tasks)s::text[])
+ON CONFLICT (name) DO UPDATE
+SET queues = excluded.queues, tasks = excluded.tasks, seen_at = now();
+
+-- name: worker_gone
+DELETE FROM {schema}.workers WHERE name = %(name)s;
+
+-- name: unserved
+-- Due pending jobs whose task no live worker serves (a worker is live if it refreshed
+-- its row within `alive` seconds): during a rolling deploy, the jobs of a new task
+-- waiting for a worker that knows it.  They are not lost and not charged attempts, but
+-- an operator must see them: `skiplock status` and the dashboard list them.
+SELECT j.queue, j.task, count(*) AS jobs,
+       extract(epoch FROM now() - min(j.run_at))::float8 AS oldest_seconds
+FROM {schema}.jobs AS j
+WHERE j.status = 'pending'
+  AND j.task IS NOT NULL
+  AND j.run_at <= now()
+  AND NOT EXISTS (SELECT FROM {schema}.workers AS w
+                  WHERE w.seen_at > now() - make_interval(secs => %(alive)s)
+                    AND j.queue = ANY(w.queues)
+                    AND (w.tasks IS NULL OR j.task = ANY(w.tasks)))
+GROUP BY j.queue, j.task
+ORDER BY j.queue, j.task;

@@ -39,7 +39,7 @@ ALTER ROLE {role} PASSWORD {password};
 -- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
 -- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key)
+GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key, task, meta)
     ON {schema}.jobs TO {role};
 GRANT SELECT (id, queue, idempotency_key, status, result, last_error, attempts,
               max_attempts)
@@ -63,6 +63,8 @@ GRANT UPDATE (status, run_at, attempts, worker, lease_token, locked_until, start
     ON {schema}.jobs TO {role};
 GRANT SELECT ON {schema}.queues TO {role};
 GRANT UPDATE (rate_tokens, rate_refilled_at) ON {schema}.queues TO {role};
+-- Each worker records what it serves in `workers` (its own row: insert, refresh, delete).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workers TO {role};
 
 -- name: superusers
 -- Grants do not bind a superuser: refuse to call such a role least-privilege.

@@ -1,0 +1,710 @@
+"""Tasks: functions deferred by name with checked arguments, run by the one claim loop.
+
+A task is a plain function registered on an ``App``.  Deferring it writes one job whose
+``task`` column names the function and whose payload holds its arguments by name; the
+call is bound against the function's signature and encoded to JSON in the producer,
+so a misspelt argument fails there, in one line, never in a worker hours later.  A
+worker built by ``App.worker`` is an ordinary ``Worker`` whose claims ask for the
+app's task names only and whose single handler looks each job's task up: the claim,
+the fence, the leases and the sweep are the ones the rest of skiplock proves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import sys
+import traceback
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Generic, Literal, TypeVar, overload
+
+from . import _trace
+from ._aqueue import AsyncQueue
+from ._aworker import AsyncWorker
+from ._base import check_task_name
+from ._config import RetryPolicy
+from ._errors import ConfigError, Fail, PayloadError, Retry
+from ._handlers import run_coroutine
+from ._job import Job
+from ._ops import encode_payload
+from ._periodic import CatchUp, Periodic
+from ._queue import Queue
+from ._worker import Worker
+
+__all__ = ["App", "Deferral", "Task"]
+
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Annotations whose values JSON carries as they are: checked by encoding alone when
+# pydantic (the `typed` extra) is not installed.
+_JSON_NATIVE: frozenset[Any] = frozenset({int, float, str, bool, type(None), Any, list, dict})
+
+
+def _json_native(tp: Any) -> bool:
+    if tp in _JSON_NATIVE or tp is inspect.Parameter.empty:
+        return True
+    origin = typing.get_origin(tp)
+    if origin in (list, dict, tuple, typing.Union, types.UnionType):
+        return all(_json_native(a) for a in typing.get_args(tp) if a is not Ellipsis)
+    if origin is Literal:
+        return all(isinstance(a, int | float | str | bool | None) for a in typing.get_args(tp))
+    return False
+
+
+def _adapter(tp: Any, where: str) -> Any:
+    """A pydantic TypeAdapter for ``tp``, or None where JSON alone will do."""
+    try:
+        from pydantic import TypeAdapter
+    except ImportError:
+        if _json_native(tp):
+            return None
+        raise ConfigError(
+            f"{where} is annotated {tp!r}, which JSON cannot carry as it is; "
+            "install the 'typed' extra (pip install 'skiplock[typed]') to validate and "
+            "convert it with pydantic"
+        ) from None
+    if tp is Any or tp is inspect.Parameter.empty:
+        return None
+    return TypeAdapter(tp)
+
+
+def _hints(fn: Callable[..., Any], localns: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The function's annotations, resolved where they can be.
+
+    ``localns`` is the namespace the decorator ran in, so that a string annotation
+    (``from __future__ import annotations``) naming a class defined in a function
+    resolves too.  A hint that does not resolve stays a string and is treated as
+    unannotated (checked by JSON encoding only), except the string "Job".
+    """
+    ns = dict(localns or {})
+    try:
+        return typing.get_type_hints(fn, localns=ns)
+    except Exception:
+        out: dict[str, Any] = {}
+        for k, v in getattr(fn, "__annotations__", {}).items():
+            if isinstance(v, str):
+                with contextlib.suppress(Exception):
+                    v = eval(v, getattr(fn, "__globals__", {}), ns)
+            out[k] = v
+        return out
+
+
+def _is_job(tp: Any) -> bool:
+    return tp is Job or tp == "Job" or (isinstance(tp, str) and tp.endswith(".Job"))
+
+
+class Task(Generic[R]):
+    """A function registered with ``App.task``; call it directly, or defer it as a job.
+
+    ``task(...)`` runs the function here and now, as the plain function would.
+    ``task.defer(...)`` binds the arguments to its signature, encodes them to JSON and
+    enqueues one job; it returns the job's id.  ``task.configure(...)`` sets a delay,
+    a time, a priority, a key, a queue or a connection for one deferral.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        fn: Callable[..., R],
+        *,
+        name: str,
+        queue: str,
+        priority: int,
+        max_attempts: int,
+        retry: RetryPolicy | None,
+        timeout: float | None,
+        lease: float | None,
+        localns: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = check_task_name(name)
+        self.queue = queue
+        self.priority = priority
+        self.max_attempts = max_attempts
+        self.retry = retry
+        self.timeout = timeout
+        self.lease = lease
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+        sig = inspect.signature(fn)
+        hints = _hints(fn, localns)
+        self._job_param: str | None = None
+        params: list[inspect.Parameter] = []
+        self._adapters: dict[str, Any] = {}
+        self._var_kw: str | None = None
+        for p in sig.parameters.values():
+            where = f"task {name!r}: parameter {p.name!r}"
+            tp = hints.get(p.name, inspect.Parameter.empty)
+            if _is_job(tp):
+                if self._job_param is not None:
+                    raise ConfigError(f"task {name!r}: only one parameter may be a Job")
+                self._job_param = p.name
+                continue
+            if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                raise ConfigError(
+                    f"{where}: *{p.name} cannot be deferred (a job's arguments are named)"
+                )
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+                raise ConfigError(f"{where} is positional-only; a job's arguments are named")
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                self._var_kw = p.name
+            elif isinstance(tp, str):
+                tp = inspect.Parameter.empty  # unresolvable: checked by encoding only
+            adapter = _adapter(tp, where) if p.kind is not p.VAR_KEYWORD else None
+            if adapter is not None:
+                self._adapters[p.name] = adapter
+            params.append(p)
+        # The signature a deferral binds against: the function's, without its Job.
+        self._signature = sig.replace(parameters=params)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.queue!r}>"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        return self.fn(*args, **kwargs)
+
+    # -- producers -----------------------------------------------------------------------
+
+    def encode(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The job payload of a call: arguments by name, validated, JSON-ready.
+
+        Raises TypeError for a call that does not bind to the function (a missing or
+        misspelt argument) and PayloadError for a value JSON cannot carry.
+        """
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}.defer(): {exc}") from None
+        out: dict[str, Any] = {}
+        for pname, value in bound.arguments.items():
+            if pname == self._var_kw:
+                out.update(value)
+                continue
+            adapter = self._adapters.get(pname)
+            if adapter is not None:
+                out[pname] = _validated(self.name, pname, adapter, value, to_json=True)
+            else:
+                out[pname] = value
+        try:
+            encode_payload(out, self.app.max_payload_bytes)
+        except PayloadError as exc:
+            raise PayloadError(f"{self.name}.defer(): arguments: {exc}") from None
+        return out
+
+    def configure(
+        self,
+        *,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        conn: Any = None,
+    ) -> Deferral:
+        """Options for one deferral: ``task.configure(delay=60).defer(invoice_id=7)``.
+
+        ``delay`` (seconds or a timedelta) and ``run_at`` (an aware datetime) are
+        exclusive.  ``key`` is an idempotency key: a second deferral with the same key
+        in the same queue returns the first job's id.  ``conn`` joins a psycopg
+        connection's transaction (an ``AsyncConnection`` for ``defer_async``).
+        """
+        if delay is not None and run_at is not None:
+            raise ConfigError("give delay or run_at, not both")
+        if delay is not None:
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+            if not seconds >= 0:
+                raise ConfigError(f"delay must be a non-negative number of seconds, not {delay!r}")
+            # The server's clock decides when a job is due; ours is close enough for a
+            # delay (the claim compares run_at with the server's now()).
+            from datetime import UTC
+
+            run_at = datetime.now(UTC) + timedelta(seconds=seconds)
+        return Deferral(
+            self,
+            run_at=run_at,
+            priority=self.priority if priority is None else priority,
+            key=key,
+            queue=self.queue if queue is None else queue,
+            max_attempts=self.max_attempts if max_attempts is None else max_attempts,
+            conn=conn,
+        )
+
+    def defer(self, *args: Any, **kwargs: Any) -> int:
+        """Enqueue one job running this task with these arguments; returns its id."""
+        return self.configure().defer(*args, **kwargs)
+
+    async def defer_async(self, *args: Any, **kwargs: Any) -> int:
+        """``defer`` for asyncio code, through the app's AsyncQueue."""
+        return await self.configure().defer_async(*args, **kwargs)
+
+    def defer_many(
+        self, calls: Iterable[Mapping[str, Any]], *, conn: Any = None, **options: Any
+    ) -> list[int]:
+        """Enqueue one job per mapping of arguments, with one COPY; returns the ids."""
+        return self.configure(conn=conn, **options).defer_many(calls)
+
+    async def defer_many_async(
+        self, calls: Iterable[Mapping[str, Any]], *, conn: Any = None, **options: Any
+    ) -> list[int]:
+        return await self.configure(conn=conn, **options).defer_many_async(calls)
+
+    # -- workers -------------------------------------------------------------------------
+
+    def call_args(self, job: Job) -> dict[str, Any]:
+        """The keyword arguments of a job's call: decoded, converted, its Job added."""
+        payload = job.payload
+        if not isinstance(payload, dict):
+            raise Fail(f"task {self.name}: payload is not an object of arguments: {payload!r}")
+        kwargs = dict(payload)
+        for pname, adapter in self._adapters.items():
+            if pname in kwargs:
+                kwargs[pname] = _validated(self.name, pname, adapter, kwargs[pname], to_json=False)
+        if self._job_param is not None:
+            kwargs[self._job_param] = job
+        try:
+            self._signature.bind(**{k: v for k, v in kwargs.items() if k != self._job_param})
+        except TypeError as exc:
+            # Deferred by an older version of the function: a retry cannot fix it.
+            raise Fail(f"task {self.name}: stored arguments no longer bind: {exc}") from None
+        return kwargs
+
+    def run(self, job: Job) -> Any:
+        """Run the job's call (a coroutine for an async task); used by the workers."""
+        try:
+            kwargs = self.call_args(job)
+        except Fail:
+            raise
+        except Exception as exc:
+            raise Fail(f"task {self.name}: arguments do not validate: {exc}") from None
+        return self.fn(**kwargs)
+
+    def retry_for(self, exc: BaseException, job: Job) -> BaseException:
+        """An exception of the task as the worker should see it: the task's own retry
+        policy turns a plain exception into a Retry with its delay, traceback kept."""
+        if self.retry is None or not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+            return exc
+        text = "".join(traceback.format_exception(exc))
+        return Retry(self.retry.delay(job.attempts), text)
+
+
+def _validated(task: str, pname: str, adapter: Any, value: Any, *, to_json: bool) -> Any:
+    try:
+        converted = adapter.validate_python(value)
+        return adapter.dump_python(converted, mode="json") if to_json else converted
+    except Exception as exc:  # pydantic's ValidationError: one line, the first error
+        errors = getattr(exc, "errors", None)
+        first = errors()[0]["msg"] if callable(errors) and errors() else str(exc)
+        if to_json:
+            raise TypeError(f"{task}.defer(): argument {pname!r}: {first}") from None
+        raise Fail(f"task {task}: argument {pname!r} does not validate: {first}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferral:
+    """One deferral's options (``Task.configure``); its ``defer`` methods enqueue."""
+
+    task: Task[Any]
+    run_at: datetime | None
+    priority: int
+    key: str | None
+    queue: str
+    max_attempts: int
+    conn: Any
+
+    def defer(self, *args: Any, **kwargs: Any) -> int:
+        payload = self.task.encode(args, kwargs)
+        return self.task.app.queue.enqueue(
+            payload,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            max_attempts=self.max_attempts,
+            idempotency_key=self.key,
+            conn=self.conn,
+            task=self.task.name,
+            meta=_trace.inject(),
+        )
+
+    async def defer_async(self, *args: Any, **kwargs: Any) -> int:
+        payload = self.task.encode(args, kwargs)
+        q = await self.task.app.async_queue()
+        return await q.enqueue(
+            payload,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            max_attempts=self.max_attempts,
+            idempotency_key=self.key,
+            conn=self.conn,
+            task=self.task.name,
+            meta=_trace.inject(),
+        )
+
+    def _payloads(self, calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        if self.key is not None:
+            raise ConfigError("defer_many takes no key: one key cannot dedup many jobs")
+        out = []
+        for n, call in enumerate(calls):
+            if not isinstance(call, Mapping):
+                raise TypeError(f"{self.task.name}.defer_many(): call #{n} is not a mapping")
+            try:
+                out.append(self.task.encode((), call))
+            except (TypeError, PayloadError) as exc:
+                raise type(exc)(f"call #{n}: {exc}") from None
+        return out
+
+    def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
+        payloads = self._payloads(calls)
+        return self.task.app.queue.enqueue_many(
+            payloads,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            max_attempts=self.max_attempts,
+            conn=self.conn,
+            task=self.task.name,
+            meta=_trace.inject(),
+        )
+
+    async def defer_many_async(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
+        payloads = self._payloads(calls)
+        q = await self.task.app.async_queue()
+        return await q.enqueue_many(
+            payloads,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            max_attempts=self.max_attempts,
+            conn=self.conn,
+            task=self.task.name,
+            meta=_trace.inject(),
+        )
+
+
+class App:
+    """A set of tasks, the queue they are deferred to, and the workers that run them.
+
+    Parameters
+    ----------
+    dsn
+        As everywhere in skiplock: None takes ``$SKIPLOCK_DSN``, then ``$DATABASE_URL``,
+        else the embedded PostgreSQL.  Nothing connects until the first deferral,
+        ``wait`` or worker, so importing the module that defines the app is free.
+    schema
+        The skiplock schema (``skiplock migrate --schema``).
+    queue_options
+        Passed to ``Queue`` (``max_size``, ``retry_policy``, ``pooler``, ...).
+
+    Examples
+    --------
+    >>> app = App()
+    >>> @app.task(queue="emails", max_attempts=10)
+    ... def send_invoice(invoice_id: int) -> None: ...
+    >>> job_id = send_invoice.defer(invoice_id=7)          # doctest: +SKIP
+    >>> app.worker(concurrency=8).run()                     # doctest: +SKIP
+    """
+
+    def __init__(
+        self, dsn: str | None = None, *, schema: str = "skiplock", **queue_options: Any
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self._queue_options = queue_options
+        self.max_payload_bytes: int = queue_options.get("max_payload_bytes", 1 << 20)
+        self.tasks: dict[str, Task[Any]] = {}
+        self.periodic_specs: list[Periodic] = []
+        self._queue: Queue | None = None
+        self._aqueue: AsyncQueue | None = None
+        self._alock: asyncio.Lock | None = None
+
+    def __repr__(self) -> str:
+        return f"<App schema={self.schema!r} tasks={sorted(self.tasks)}>"
+
+    # -- declaring -----------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Callable[..., R], /) -> Task[R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 5,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Callable[[Callable[..., R]], Task[R]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 5,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Any:
+        """Register a ``def`` or ``async def`` function as a task.
+
+        ``name`` defaults to ``module.qualname`` and is what the jobs store: renaming
+        or moving the function renames the task (pass ``name=`` to keep it stable).
+        ``priority`` (lower runs first) and ``max_attempts`` are the deferral defaults.
+        ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
+        seconds an attempt may run (then it fails and is retried).  ``lease``: the
+        worker running this task holds leases of at least this many seconds.
+        """
+        from ._base import _check_enqueue_options
+        from ._config import validate_queue
+
+        validate_queue(queue)
+        _check_enqueue_options(queue, priority, None, max_attempts)
+        if timeout is not None and not timeout > 0:
+            raise ConfigError(f"task timeout must be positive, not {timeout!r}")
+        if lease is not None and not lease > 0:
+            raise ConfigError(f"task lease must be positive, not {lease!r}")
+
+        def register(f: Callable[..., Any], depth: int = 1) -> Task[Any]:
+            # The decorated function's own namespace, for annotations naming its locals.
+            localns = sys._getframe(depth).f_locals
+            if isinstance(f, Task):
+                raise ConfigError(f"{f.name} is already a task")
+            if not callable(f):
+                raise ConfigError(f"@app.task needs a function, not {f!r}")
+            task_name = name or f"{f.__module__}.{f.__qualname__}"
+            if task_name in self.tasks:
+                other = self.tasks[task_name].fn
+                raise ConfigError(
+                    f"task {task_name!r} is defined twice ({other.__module__}."
+                    f"{other.__qualname__} and {f.__module__}.{f.__qualname__}); "
+                    "give one of them name="
+                )
+            t = Task(
+                self,
+                f,
+                name=task_name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                retry=retry,
+                timeout=timeout,
+                lease=lease,
+                localns=localns,
+            )
+            self.tasks[task_name] = t
+            return t
+
+        return register if fn is None else register(fn, depth=2)
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        name: str | None = None,
+        timezone: str = "UTC",
+        catch_up: CatchUp = "skip",
+        grace: float = 60.0,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Callable[[Task[R]], Task[R]]:
+        """Defer a task on a cron schedule, once per tick across all workers.
+
+        Stack it on ``@app.task``::
+
+            @app.periodic("0 3 * * *", timezone="Europe/Berlin")
+            @app.task(queue="reports")
+            def nightly_report() -> None: ...
+
+        ``kwargs`` are the task's arguments for every tick (checked now).  ``name``
+        (default: the task's name) identifies the schedule's history; see
+        docs/periodic.md for ``catch_up`` and ``grace``.  Workers of this app run the
+        schedule (``App.worker``).
+        """
+
+        def register(t: Task[R]) -> Task[R]:
+            if not isinstance(t, Task) or t.app is not self:
+                raise ConfigError("@app.periodic goes above @app.task of the same app")
+            payload = t.encode((), kwargs or {})
+            spec = Periodic(
+                name or t.name,
+                cron,
+                queue=t.queue,
+                payload=payload,
+                timezone=timezone,
+                catch_up=catch_up,
+                grace=grace,
+                priority=t.priority,
+                max_attempts=t.max_attempts,
+                task=t.name,
+            )
+            if any(p.name == spec.name for p in self.periodic_specs):
+                raise ConfigError(f"periodic schedule {spec.name!r} is defined twice")
+            self.periodic_specs.append(spec)
+            return t
+
+        return register
+
+    def get_task(self, name: str) -> Task[Any]:
+        """The task registered under ``name``; ConfigError naming the known ones if none."""
+        try:
+            return self.tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self.tasks)) or "none"
+            raise ConfigError(f"unknown task {name!r} (this app's tasks: {known})") from None
+
+    def defer(self, name: str, /, *args: Any, **kwargs: Any) -> int:
+        """Defer a task by name (``app.defer("billing.send_invoice", invoice_id=7)``)."""
+        return self.get_task(name).defer(*args, **kwargs)
+
+    # -- connections ---------------------------------------------------------------------
+
+    @property
+    def queue(self) -> Queue:
+        """The app's Queue, made on first use (its pool connects then)."""
+        if self._queue is None:
+            self._queue = Queue(self.dsn, schema=self.schema, **self._queue_options)
+        return self._queue
+
+    async def async_queue(self) -> AsyncQueue:
+        """The app's AsyncQueue, opened on first use in the running event loop."""
+        if self._aqueue is None:
+            if self._alock is None:
+                self._alock = asyncio.Lock()
+            async with self._alock:
+                if self._aqueue is None:
+                    q = AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+                    await q.open()
+                    self._aqueue = q
+        return self._aqueue
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema (idempotent)."""
+        return self.queue.migrate()
+
+    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+        """The return value of the job's task; JobFailed / JobCancelled if it did not
+        succeed, TimeoutError after ``timeout`` seconds."""
+        return self.queue.wait(job_id, timeout=timeout)
+
+    async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
+        return await (await self.async_queue()).wait(job_id, timeout=timeout)
+
+    def close(self) -> None:
+        if self._queue is not None:
+            self._queue.close()
+            self._queue = None
+
+    async def aclose(self) -> None:
+        """Close the AsyncQueue (and the Queue, if one was made)."""
+        if self._aqueue is not None:
+            await self._aqueue.close()
+            self._aqueue = None
+        self.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workers -------------------------------------------------------------------------
+
+    def _served(self, queues: Sequence[str] | None) -> tuple[list[str], list[Task[Any]]]:
+        if not self.tasks:
+            raise ConfigError("this app has no tasks to run")
+        names = list(queues) if queues else sorted({t.queue for t in self.tasks.values()})
+        served = [t for t in self.tasks.values() if t.queue in names]
+        if not served:
+            raise ConfigError(
+                f"no task of this app uses queue(s) {', '.join(names)}; its queues: "
+                + ", ".join(sorted({t.queue for t in self.tasks.values()}))
+            )
+        return names, served
+
+    def _worker_options(self, served: list[Task[Any]], options: dict[str, Any]) -> None:
+        leases = [t.lease for t in served if t.lease is not None]
+        if leases and "lease" not in options:
+            options["lease"] = max(max(leases), 30.0)
+        options.setdefault("periodic", list(self.periodic_specs))
+        options["task_timeouts"] = {t.name: t.timeout for t in served if t.timeout}
+
+    def worker(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        using: Queue | None = None,
+        **options: Any,
+    ) -> Worker:
+        """A ``Worker`` running this app's tasks (all its queues, or ``queues``).
+
+        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ...); ``using`` is a
+        Queue whose settings replace the app's (the CLI's ``--dsn``).  The worker
+        claims only the tasks it knows: a job deferred by a newer version of the app
+        waits, uncharged, for a worker that knows its task.
+        """
+        names, served = self._served(queues)
+        self._worker_options(served, options)
+        known = {t.name: t for t in served}
+
+        def handle(job: Job) -> Any:
+            task = known[str(job.task)]
+            with _trace.span(task.name, job):
+                try:
+                    if task.is_async:
+                        # A coroutine is cancelled at the task's timeout, for real.
+                        return asyncio.run(run_coroutine(task.run, job, task.timeout))
+                    return task.run(job)
+                except BaseException as exc:
+                    _reraise(task, exc, job)
+
+        q = using if using is not None else self.queue
+        return Worker(q, handle, queues=names, tasks=sorted(known), **options)
+
+    def async_worker(self, *, queues: Sequence[str] | None = None, **options: Any) -> AsyncWorker:
+        """An ``AsyncWorker`` running this app's tasks on one event loop.
+
+        ``async def`` tasks run as tasks of the loop; ``def`` tasks in a thread each
+        (``asyncio.to_thread``), so a blocking call does not stall the loop.
+        """
+        names, served = self._served(queues)
+        self._worker_options(served, options)
+        known = {t.name: t for t in served}
+
+        async def handle(job: Job) -> Any:
+            task = known[str(job.task)]
+            with _trace.span(task.name, job):
+                try:
+                    # The worker cancels the attempt at the task's timeout (task_timeouts).
+                    if task.is_async:
+                        return await task.run(job)
+                    return await asyncio.to_thread(task.run, job)
+                except BaseException as exc:
+                    _reraise(task, exc, job)
+
+        return AsyncWorker(
+            self.async_queue_unopened(), handle, queues=names, tasks=sorted(known), **options
+        )
+
+    def async_queue_unopened(self) -> AsyncQueue:
+        # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
+        return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+
+
+def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:
+    new = task.retry_for(exc, job)
+    if new is exc:
+        raise exc
+    raise new from exc
