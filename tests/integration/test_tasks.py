@@ -112,13 +112,52 @@ def test_async_worker_runs_sync_and_async_tasks(app: App) -> None:
         w = app.async_worker(concurrency=4)
         runner = asyncio.create_task(w.run())
         try:
+            ids.append(await add.defer_async(a=1, b=1))
+            ids.extend(await mul.configure(priority=-1).defer_many_async([{"a": 3, "b": 3}]))
+            with pytest.raises(TypeError, match="missing a required argument: 'b'"):
+                await mul.defer_async(a=1)
             return [await app.wait_async(i, timeout=20) for i in ids]
         finally:
             w.stop()
             await runner
             await app.aclose()
 
-    assert asyncio.run(main()) == [5, 20]
+    assert asyncio.run(main()) == [5, 20, 2, 9]
+
+
+def test_trace_context_travels_from_defer_to_the_task(app: App) -> None:
+    """With OpenTelemetry, the task's span continues the trace of the deferring call."""
+    trace = pytest.importorskip("opentelemetry.trace")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    seen: list[int] = []
+
+    @app.task(name="t.traced")
+    def traced() -> None:
+        seen.append(trace.get_current_span().get_span_context().trace_id)
+
+    # The global provider can be set once per process: patch the lookups instead.
+    original = trace.get_tracer
+    trace.get_tracer = lambda *a, **k: provider.get_tracer(*a, **k)  # type: ignore[assignment]
+    try:
+        with tracer.start_as_current_span("request") as request:
+            job_id = traced.defer()
+            want = request.get_span_context().trace_id
+        for _ in running(app.worker()):
+            app.wait(job_id, timeout=20)
+    finally:
+        trace.get_tracer = original  # type: ignore[assignment]
+    assert seen == [want]
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "skiplock.task t.traced"]
+    assert span.kind is trace.SpanKind.CONSUMER
+    assert span.parent is not None and span.parent.span_id == request.get_span_context().span_id
+    assert span.attributes is not None and span.attributes["messaging.message.id"] == str(job_id)
 
 
 def test_bad_calls_fail_in_the_producer_and_write_nothing(app: App, admin: Any) -> None:
