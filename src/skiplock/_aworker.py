@@ -275,9 +275,7 @@ class AsyncWorker(WorkerBase):
             # cancellation is abandoned, like a hung thread in Worker.
             task.cancel()
             task.add_done_callback(_log_abandoned)
-            self.stats.add(timed_out=1)
-            self._emit("timed_out", job)
-            outcome = Outcome("retry", f"timed out after {timeout:g}s")
+            outcome = self._timed_out(job, timeout)
         elif task.cancelled():
             outcome = failed_outcome(asyncio.CancelledError(), job, timeout)
         elif (exc := task.exception()) is not None:
@@ -466,13 +464,8 @@ class AsyncWorker(WorkerBase):
         if running:
             _, late = await asyncio.wait(running, timeout=grace) if grace > 0 else (set(), running)
             if late:
-                logger.warning(
-                    "worker %s: %d handler(s) still running after %gs; cancelled, their "
-                    "leases will expire",
-                    self.name,
-                    len(late),
-                    grace,
-                )
+                left = [j for a, j in list(self._held.items()) if self._tasks.get(a) in late]
+                self.abandon(left, grace)
                 for task in late:
                     task.cancel()
                 # Their outcomes are not written: the jobs run again after the lease.
@@ -497,4 +490,5 @@ class AsyncWorker(WorkerBase):
 
 def _log_abandoned(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is None:
-        logger.warning("an abandoned handler returned after its timeout; result dropped")
+        # INFO: the attempt's WARNING or ERROR line was logged at the timeout.
+        logger.info("an abandoned handler returned after its timeout; result dropped")

@@ -254,7 +254,8 @@ class HandlerPool:
             took = time.monotonic() - began
             with self._lock:
                 if me.abandoned:
-                    logger.warning(
+                    # INFO: the attempt's WARNING or ERROR line was logged at the timeout.
+                    logger.info(
                         "handler for job %s returned after its timeout; result dropped", job.id
                     )
                     return

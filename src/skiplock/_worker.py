@@ -83,7 +83,9 @@ class Worker(WorkerBase):
         worker then polls every ``poll_interval`` seconds.
     shutdown_grace
         On stop, seconds running handlers get to finish.  Unstarted jobs are
-        released at once, with their attempt given back.
+        released at once, with their attempt given back.  Handlers still running
+        after it are abandoned (``stats.abandoned``, one ERROR line): their jobs run
+        again once their leases run out.
     on_event
         ``f(event, job)`` for metrics and histories, called after the fact:
         ``claimed``, ``started``, ``completed`` (the fenced write committed),
@@ -315,10 +317,7 @@ class Worker(WorkerBase):
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
-                self.stats.add(timed_out=1)
-                self._emit("timed_out", job)
-                took = self.timeout_for(job) or 0.0
-                self._results.put((job, Outcome("retry", f"timed out after {took:g}s")))
+                self._results.put((job, self._timed_out(job, self.timeout_for(job))))
             if now >= next_sweep:
                 self._sweep()
                 next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
@@ -622,12 +621,7 @@ class Worker(WorkerBase):
         grace = 0.0 if self._hard_stop.is_set() else self.shutdown_grace
         if not self._pool.wait_idle(grace):
             left = self._pool.running_jobs()
-            logger.warning(
-                "worker %s: %d handler(s) still running after %gs; their leases will expire",
-                self.name,
-                len(left),
-                grace,
-            )
+            self.abandon(left, grace)
             self._forget(left)
         self._results.put(None)
         self._stopping.set()

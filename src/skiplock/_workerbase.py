@@ -17,16 +17,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from ._base import QueueBase, QueueSettings
+from ._base import QueueBase, QueueSettings, _clamp_delay
 from ._config import validate_queue
 from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
-from ._handlers import Handler, Outcome
-from ._job import Job
+from ._handlers import CANCELLED, Handler, Outcome
+from ._job import Attempt, Job
 from ._ops import FenceResult
 from ._periodic import Periodic, check_periodic
 
-__all__ = ["Trouble", "WorkerBase", "WorkerStats", "default_worker_name", "one_line"]
+__all__ = [
+    "Trouble",
+    "WorkerBase",
+    "WorkerStats",
+    "default_worker_name",
+    "error_summary",
+    "log_job",
+    "one_line",
+]
 
 logger = logging.getLogger("skiplock.worker")
 
@@ -52,6 +60,9 @@ class WorkerStats:
     leases_lapsed: int = 0
     sweeps_recovered: int = 0
     db_errors: int = 0
+    # Handlers still running when the shutdown grace ended: their outcomes are never
+    # written, so those jobs run again once their leases run out.
+    abandoned: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -71,6 +82,86 @@ def default_worker_name() -> str:
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def error_summary(error: str | None) -> str | None:
+    """The line of a handler's error text a log line has room for.
+
+    For a traceback that is the exception line after the last frame ("ValueError: bad
+    invoice"), not the last line, which may be the second line of a multi-line message
+    or a note; for a plain reason (``Fail``, ``Retry``, a timeout) its first line.
+    """
+    if not error:
+        return None
+    lines = error.strip().splitlines()
+    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+    start = frames[-1] + 1 if frames else 0
+    # The frame's source line and caret markers are indented; the exception line is not.
+    while frames and start < len(lines) and lines[start].startswith(" "):
+        start += 1
+    for line in lines[start:]:
+        if line.strip():
+            text = line.strip()
+            return text if len(text) <= 300 else text[:297] + "..."
+    return None
+
+
+def _seconds(delay: float) -> str:
+    return f"{delay:.2g}s" if delay < 10 else f"{delay:.0f}s"
+
+
+def log_job(
+    worker: str,
+    level: int,
+    event: str,
+    job: Job,
+    text: str,
+    *,
+    error: str | None = None,
+    delay: float | None = None,
+) -> None:
+    """Log one line about one attempt of a job, the same from both workers.
+
+    The fields go on the record too (``extra``), so a JSON formatter can emit them
+    without parsing the message.  The error's full text (a traceback) goes only to a
+    second line at DEBUG: at WARNING and ERROR a line per failed attempt must stay one
+    line, or a failing queue buries everything else in the log.
+    """
+    task = job.task  # the task layer's name for the job; None for handler-per-queue
+    where = f"queue {job.queue}, task {task}" if task else f"queue {job.queue}"
+    fields: dict[str, object] = {
+        "worker": worker,
+        "event": event,
+        "job_id": job.id,
+        "queue": job.queue,
+        "task": task,
+        "attempt": job.attempts,
+        "max_attempts": job.max_attempts,
+        "error": error_summary(error),
+    }
+    if delay is not None:
+        fields["delay"] = round(delay, 3)
+    logger.log(
+        level,
+        "worker %s: job %d (%s) attempt %d/%d %s",
+        worker,
+        job.id,
+        where,
+        job.attempts,
+        job.max_attempts,
+        text,
+        extra=fields,
+    )
+    if error and "\n" in error.strip() and logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "worker %s: job %d attempt %d/%d error:\n%s",
+            worker,
+            job.id,
+            job.attempts,
+            job.max_attempts,
+            error,
+            extra={**fields, "event": "traceback"},
+        )
 
 
 class Trouble:
@@ -191,6 +282,13 @@ class WorkerBase:
         self._sweeps = SweepCursor()  # and each sweep looks back past the last one only
         self._on_event = on_event
         self._on_measure = on_measure
+        # Attempts this worker timed out, until their hand-back says how they ended: that
+        # line then says "timed out" (one line per attempt, not one per step).
+        self._timeouts: set[Attempt] = set()
+        # Attempts a heartbeat already logged as lost: their write, refused later by the
+        # fence, must not log them again.  Written by two threads in Worker.
+        self._lost_logged: dict[Attempt, None] = {}
+        self._log_lock = threading.Lock()
         self.retention = retention
         self.prune_interval = prune_interval
         self._settings: QueueSettings = replace(
@@ -272,59 +370,120 @@ class WorkerBase:
 
     # -- what the writes meant -------------------------------------------------------------
 
-    @staticmethod
     def split(
+        self,
         batch: Sequence[tuple[Job, Outcome]],
     ) -> tuple[
         list[tuple[Job, Any]],
         list[tuple[Job, str | None, float | None, bool]],
     ]:
-        """Handler outcomes as the two fenced writes: completions and hand-backs."""
+        """Handler outcomes as the two fenced writes: completions and hand-backs.
+
+        A retry's delay is drawn here from the retry policy (not by the statement) so
+        that the log line of the retry can say when the job runs again.
+        """
+        policy = self._settings.retry_policy
         done = [(job, o.result) for job, o in batch if o.kind == "ok"]
-        failed = [(job, o.error, o.delay, o.kind == "retry") for job, o in batch if o.kind != "ok"]
+        failed: list[tuple[Job, str | None, float | None, bool]] = [
+            (
+                job,
+                o.error,
+                _clamp_delay(policy.delay(job.attempts) if o.delay is None else float(o.delay)),
+                o.kind == "retry",
+            )
+            for job, o in batch
+            if o.kind != "ok"
+        ]
         return done, failed
+
+    def _timed_out(self, job: Job, timeout: float | None) -> Outcome:
+        """Count a handler past its timeout; returns the outcome to write for it."""
+        self.stats.add(timed_out=1)
+        self._emit("timed_out", job)
+        with self._log_lock:
+            self._timeouts.add(job.attempt)
+        return Outcome("retry", f"timed out after {timeout or 0.0:g}s")
 
     def completed(self, items: Sequence[tuple[Job, Any]], res: FenceResult) -> None:
         """Count and report a completion statement's answer."""
         cancelled = 0
+        lost: list[Job] = []
         for job, _ in items:
             row = res.row(job)
             if row is None:
+                lost.append(job)
                 self._emit("lease_lost", job)
             elif row["status"] == "cancelled":
                 cancelled += 1
                 self._emit("cancelled", job)
+                log_job(self.name, logging.WARNING, "cancelled", job, "cancelled while running")
             else:
                 self._emit("completed", job)
         self.stats.add(completed=len(res.attempts) - cancelled, cancelled=cancelled)
-        self._lost(res.lost, "the write changed nothing")
+        self._lost(lost, "the write changed nothing")
 
     def handed_back(
         self, items: Sequence[tuple[Job, str | None, float | None, bool]], res: FenceResult
     ) -> None:
-        """Count and report a fail/retry statement's answer."""
+        """Count and report a fail/retry statement's answer, and log each job's line."""
         by_status = {"pending": 0, "failed": 0, "cancelled": 0}
-        for job, *_ in items:
+        lost: list[Job] = []
+        for job, error, delay, retry in items:
+            with self._log_lock:
+                timed_out = job.attempt in self._timeouts
+                self._timeouts.discard(job.attempt)
             row = res.row(job)
             if row is None:
+                lost.append(job)
                 self._emit("lease_lost", job)
                 continue
             status = str(row["status"])
             by_status[status] = by_status.get(status, 0) + 1
             event = {"pending": "retried", "failed": "failed"}.get(status, status)
             self._emit(event, job)
+            self._log_hand_back(job, event, error, delay, retry, timed_out)
         self.stats.add(
             retried=by_status["pending"],
             failed=by_status["failed"],
             cancelled=by_status["cancelled"],
         )
-        self._lost(res.lost, "the write changed nothing")
+        self._lost(lost, "the write changed nothing")
+
+    def _log_hand_back(
+        self,
+        job: Job,
+        event: str,
+        error: str | None,
+        delay: float | None,
+        retry: bool,
+        timed_out: bool,
+    ) -> None:
+        # The row's status after the fenced write decides, not the outcome we asked
+        # for: the statement knows the attempts left and whether a cancel came first.
+        what = error_summary(error) if timed_out else f"failed: {error_summary(error)}"
+        if event == "failed":
+            why = "no attempts left" if retry else "not retried"
+            log_job(self.name, logging.ERROR, event, job, f"{what}; {why}, job failed", error=error)
+        elif event == "cancelled":
+            summary = error_summary(error)
+            text = "cancelled while running"
+            if summary and summary != CANCELLED.error:
+                text += f" ({summary})"  # what the handler raised on its way out
+            log_job(self.name, logging.WARNING, event, job, text, error=error)
+        else:
+            # 'retried'; or the row has moved on already (a retry after a lost reply
+            # found our hand-back committed and the job claimed again): it runs again.
+            when = f"retrying in {_seconds(delay)}" if delay is not None else "retrying"
+            log_job(
+                self.name, logging.WARNING, event, job, f"{what}; {when}", error=error, delay=delay
+            )
 
     def released(self, jobs: Sequence[Job], res: FenceResult) -> None:
         self.stats.add(released=len(res.attempts))
+        lost = [job for job in jobs if res.row(job) is None]
         for job in jobs:
             self._emit("released" if res.row(job) is not None else "lease_lost", job)
-        self._lost(res.lost, "the release changed nothing")
+        self._lost(lost, "the release changed nothing")
 
     def beaten(self, jobs: Sequence[Job], res: FenceResult) -> list[Job]:
         """Count a heartbeat's answer; returns the attempts no longer ours."""
@@ -333,8 +492,30 @@ class WorkerBase:
         self._missed(lost)
         for job in lost:
             self._emit("lease_lost", job)
-        self._lost(res.lost, "heartbeat found them swept, re-claimed or cancelled")
+        self._lost(lost, "the heartbeat found it swept, re-claimed or cancelled", heartbeat=True)
         return lost
+
+    def abandon(self, jobs: Sequence[Job], grace: float) -> None:
+        """Count and log the handlers still running when the shutdown grace ended.
+
+        One ERROR line, not one per job: the worker stops here, and what an operator
+        needs is that work was cut off and that it is not lost.
+        """
+        if not jobs:
+            return
+        self.stats.add(abandoned=len(jobs))
+        ids = sorted(job.id for job in jobs)
+        shown = ", ".join(map(str, ids[:20])) + (", ..." if len(ids) > 20 else "")
+        logger.error(
+            "worker %s: %d job(s) abandoned, their handlers still running after the %gs "
+            "grace (job ids: %s); they will be retried once their lease (%gs) runs out",
+            self.name,
+            len(jobs),
+            grace,
+            shown,
+            self.lease,
+            extra={"worker": self.name, "event": "abandoned", "count": len(jobs), "job_ids": ids},
+        )
 
     def swept(self, n: int, window: float | None, start: float) -> None:
         """Count a sweep that started at ``start`` (monotonic) looking back ``window``."""
@@ -346,15 +527,26 @@ class WorkerBase:
             self._measure("swept", n, None)
             logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)
 
-    def _lost(self, ids: Sequence[int], what: str) -> None:
-        if ids:
-            self.stats.add(lease_lost=len(ids))
-            logger.warning(
-                "worker %s: lease lost for job(s) %s; %s",
-                self.name,
-                ", ".join(map(str, ids)),
-                what,
-            )
+    def _lost(self, jobs: Sequence[Job], what: str, *, heartbeat: bool = False) -> None:
+        """Count attempts the fence refused; one line each, once per attempt.
+
+        A heartbeat that finds an attempt lost logs it; the handler's outcome, written
+        later and refused too, is counted again (a stale write) but not logged again.
+        """
+        if not jobs:
+            return
+        self.stats.add(lease_lost=len(jobs))
+        for job in jobs:
+            with self._log_lock:
+                if heartbeat:
+                    self._lost_logged[job.attempt] = None
+                    # An attempt whose handler never returns would stay here forever.
+                    if len(self._lost_logged) > 10_000:
+                        del self._lost_logged[next(iter(self._lost_logged))]
+                elif job.attempt in self._lost_logged:
+                    del self._lost_logged[job.attempt]
+                    continue
+            log_job(self.name, logging.WARNING, "lease_lost", job, f"lease lost: {what}")
 
     @staticmethod
     def cancel_target(payload: str) -> int | None:

@@ -48,3 +48,8 @@ def wait_for_cancel(job: Job) -> None:
             ),
             (job.id, time.time() if job.cancelled else None),
         )
+
+
+def bad_invoice(job: Job) -> None:
+    """Always raises, for the worker's failure log lines (test_worker_logs_cli.py)."""
+    raise ValueError(f"bad invoice {job.payload['invoice']}")

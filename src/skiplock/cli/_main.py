@@ -475,6 +475,13 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     help="Seconds a --periodic tick may be late and still be enqueued.",
 )
 @click.option("-v", "--verbose", is_flag=True)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines on stderr as text, or as one JSON object per line (with job fields).",
+)
 @dsn_option
 @schema_option
 @user_errors
@@ -504,6 +511,7 @@ def worker(
     catch_up: str,
     periodic_grace: float,
     verbose: bool,
+    log_format: str,
     dsn: str | None,
     schema: str,
 ) -> None:
@@ -514,20 +522,26 @@ def worker(
     Modules are imported from the current directory first.  With --periodic
     NAME=CRON, also enqueue a job on that schedule, with payload
     {"periodic": NAME, "scheduled_at": ISO time}, to --periodic-queue.
+
+    Exits 3 when handlers were still running at the end of --grace: their jobs were
+    abandoned and run again once their leases run out.
     """
     import logging
     import os
     import signal
 
     from .._handlers import load_handler, load_object
+    from .._logs import JsonFormatter
     from .._tasks import App
     from .._worker import Worker
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    log_handler = logging.StreamHandler(sys.stderr)
+    log_handler.setFormatter(
+        JsonFormatter()
+        if log_format == "json"
+        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
     if metrics_port is not None:
         require_extra("the metrics endpoint (--metrics-port)", "metrics", "prometheus_client")
     if (app_path is None) == (handler_path is None):
@@ -610,11 +624,15 @@ def worker(
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        w.run()
+        stats = w.run()
     finally:
         if metrics is not None:
             metrics.close()
         q.close()
+    if stats.abandoned:
+        # Not 0: a deploy that cut work off should be visible to what restarts us.
+        # Not 1, which is a crash: the worker said what it abandoned, and nothing is lost.
+        sys.exit(3)
 
 
 @main.command()
