@@ -16,7 +16,6 @@ from skiplock.cli._main import worker as worker_command
 SAME_NAME = {
     "concurrency",
     "prefetch",
-    "lease",
     "heartbeat_interval",
     "job_timeout",
     "name",
@@ -50,4 +49,7 @@ def test_worker_command_defaults_are_the_library_defaults() -> None:
     differing = {k: (cli[k], lib[k]) for k in sorted(shared) if cli[k] != lib[k]}
     assert differing == {}, f"CLI default vs Worker() default: {differing}"
     assert cli["no_listen"] is (not lib["listen"])
-    assert cli["queues"] == ("default",)  # Worker(queues=None) serves "default"
+    # No --lease: the command passes none, so Worker's default (or an app's longest
+    # task lease) applies; no --queue: "default" for --handler, an app's own queues.
+    assert cli["lease"] is None and "lease" in lib
+    assert cli["queues"] == ()
