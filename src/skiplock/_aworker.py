@@ -38,7 +38,7 @@ from ._job import Attempt, Job
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
-from ._workerbase import WorkerBase, WorkerStats, one_line
+from ._workerbase import Trouble, WorkerBase, WorkerStats, one_line
 
 __all__ = ["AsyncWorker"]
 
@@ -80,6 +80,7 @@ class AsyncWorker(WorkerBase):
         periodic: Sequence[Periodic] = (),
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
+        liveness: bool = True,
     ) -> None:
         super().__init__(
             queue,
@@ -102,6 +103,7 @@ class AsyncWorker(WorkerBase):
             periodic=periodic,
             tasks=tasks,
             task_timeouts=task_timeouts,
+            liveness=liveness,
         )
         for queue_name, fn in self._handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -166,6 +168,10 @@ class AsyncWorker(WorkerBase):
         periodic_stop = threading.Event()
         if self.periodic:
             helpers.append(asyncio.create_task(self._periodic(periodic_stop)))
+        if self.liveness:
+            # Cancelled with the other helpers, after the writer: the mark outlives
+            # every write this worker owes.
+            helpers.append(asyncio.create_task(self._keep_liveness()))
         logger.info(
             "async worker %s: queues %s, concurrency %d, lease %gs",
             self.name,
@@ -189,6 +195,28 @@ class AsyncWorker(WorkerBase):
             await asyncio.to_thread(scheduler.run)
         finally:
             q.close()
+
+    async def _keep_liveness(self) -> None:
+        """The liveness mark and sweep_dead (see _liveness.py), on a thread: one small
+        statement every quarter second, on a connection of its own."""
+        assert self._wake is not None
+        live = self._liveness()
+        trouble = Trouble(self.name, "liveness check")
+        try:
+            while True:
+                try:
+                    n = await asyncio.to_thread(live.step)
+                    trouble.ok()
+                except _DB_ERRORS as exc:
+                    trouble.failed(exc, "trying again")
+                    n = 0
+                if n:
+                    self.dead_swept(n)
+                    self._wake.set()
+                await asyncio.sleep(self.LIVENESS_INTERVAL * random.uniform(0.8, 1.2))
+        finally:
+            # A step still running in its thread holds the lane: close waits for it.
+            await asyncio.to_thread(live.close)
 
     async def _claim_loop(self) -> None:
         assert self._stopping is not None and self._wake is not None

@@ -144,6 +144,7 @@ class Worker(WorkerBase):
         periodic: Sequence[Periodic] = (),
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
+        liveness: bool = True,
     ) -> None:
         super().__init__(
             queue,
@@ -166,6 +167,7 @@ class Worker(WorkerBase):
             periodic=periodic,
             tasks=tasks,
             task_timeouts=task_timeouts,
+            liveness=liveness,
         )
         # Prefetch keeps handler threads fed while the next claim is in flight, but a
         # prefetched job waits behind running ones (holding a lease another worker
@@ -263,6 +265,8 @@ class Worker(WorkerBase):
         )
         self._start_thread(self._writer_loop, "writer")
         self._start_thread(self._heartbeat_loop, "heartbeat")
+        if self.liveness:
+            self._start_thread(self._liveness_loop, "liveness")
         if self.listen:
             self._start_thread(self._listen_loop, "listener")
         if self.periodic:
@@ -522,6 +526,26 @@ class Worker(WorkerBase):
                 next_beat = time.monotonic() + backoff(
                     trouble.failures, base=0.025, cap=self._retry_cap
                 )
+
+    def _liveness_loop(self) -> None:
+        """Keep this worker's liveness mark and give back dead workers' jobs, until the
+        last result is written: the mark must outlive every write the worker owes."""
+        live = self._liveness()
+        trouble = Trouble(self.name, "liveness check")
+        try:
+            while not self._beats_done.is_set():
+                try:
+                    n = live.step()
+                    trouble.ok()
+                except _DB_ERRORS as exc:
+                    trouble.failed(exc, "trying again")
+                    n = 0
+                if n:
+                    self.dead_swept(n)
+                    self._wake.set()
+                self._beats_done.wait(self.LIVENESS_INTERVAL * random.uniform(0.8, 1.2))
+        finally:
+            live.close()
 
     def _heartbeat(self, trouble: Trouble) -> bool:
         """One beat for every job held; False if it did not reach the server."""

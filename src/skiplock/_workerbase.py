@@ -23,6 +23,7 @@ from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import CANCELLED, Handler, Outcome
 from ._job import Attempt, Job
+from ._liveness import Liveness
 from ._ops import FenceResult
 from ._periodic import Periodic, check_periodic
 
@@ -232,6 +233,7 @@ class WorkerBase:
         periodic: Sequence[Periodic] = (),
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
+        liveness: bool = True,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -274,6 +276,8 @@ class WorkerBase:
             if not t > 0:
                 raise ConfigError(f"task {task_name!r}: timeout must be positive, not {t!r}")
         self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
+        # A session-level mark needs a session of its own: not behind a pooler.
+        self.liveness = liveness and not queue.settings.pooler
         self.shutdown_grace = shutdown_grace
         self.stats = WorkerStats()
         # Each claim starts past the last one (see ClaimCursor: a held xmin or a long
@@ -352,6 +356,26 @@ class WorkerBase:
         """The shortest timeout any job here may have (how often to look for overruns)."""
         all_ = [t for t in (self.job_timeout, *self._task_timeouts.values()) if t]
         return min(all_) if all_ else None
+
+    # How often the liveness thread refreshes its mark and runs sweep_dead: with the
+    # grace, a dead worker's jobs are back within about grace + 2 * this.
+    LIVENESS_INTERVAL = 0.25
+
+    def _liveness(self) -> Liveness:
+        return Liveness(
+            self._settings,
+            self.name,
+            queues=self.queues,
+            tasks=self.tasks,
+            cap=min(0.25, self.lease / 8),
+        )
+
+    def dead_swept(self, n: int) -> None:
+        """Count jobs a ``sweep_dead`` gave back (their worker's session had ended)."""
+        self._cursor.rewind(time.monotonic())  # swept jobs keep their place: look back
+        self.stats.add(sweeps_recovered=n)
+        self._measure("swept", n, None)
+        logger.info("worker %s: returned %d job(s) of workers whose session ended", self.name, n)
 
     # A worker refreshes its row in `workers` this often: `status` counts a worker as
     # gone after 30 s without a refresh (Queue.unserved's default).

@@ -45,6 +45,9 @@ WORKER = {
     "worker_seen",
     "worker_gone",
     "unserved",
+    # the liveness mark, and the sweep of workers whose mark is gone
+    "worker_mark",
+    "sweep_dead",
 }
 # Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
 OWNER = {
@@ -110,7 +113,7 @@ def test_every_statement_has_an_owner() -> None:
 
 
 def test_worker_update_grant_is_exactly_what_the_worker_sets() -> None:
-    sets: dict[str, set[str]] = {"jobs": set(), "queues": set()}
+    sets: dict[str, set[str]] = {"jobs": set(), "queues": set(), "workers": set()}
     for name in WORKER:
         for table, cols in _targets(parsed(name)):
             sets[table] |= cols

@@ -489,6 +489,90 @@ SET queues = excluded.queues, tasks = excluded.tasks, seen_at = now();
 -- name: worker_gone
 DELETE FROM {schema}.workers WHERE name = %(name)s;
 
+-- name: worker_mark
+-- Run on the worker's liveness connection, once per (re)connect: take the session-level
+-- advisory lock that marks the worker alive, and record which backend holds it.  The
+-- lock is released by PostgreSQL itself when the session ends, however the worker
+-- died.  pg_try_: a second worker of the same name (or a hash collision) gets no mark
+-- and falls back to the lease.  The CTE is MATERIALIZED so the lock is taken once.
+WITH lock AS MATERIALIZED (
+    SELECT pg_try_advisory_lock(%(key1)s, %(key2)s) AS ok
+)
+INSERT INTO {schema}.workers AS w (name, queues, tasks, mark_pid, mark_key1, mark_key2)
+SELECT %(name)s, %(queues)s::text[], %(tasks)s::text[],
+       CASE WHEN lock.ok THEN pg_backend_pid() END, %(key1)s, %(key2)s
+FROM lock
+ON CONFLICT (name) DO UPDATE
+SET queues = excluded.queues, tasks = excluded.tasks, seen_at = now(),
+    mark_pid = excluded.mark_pid, mark_key1 = excluded.mark_key1,
+    mark_key2 = excluded.mark_key2, mark_lost_at = NULL
+RETURNING w.mark_pid IS NOT NULL AS marked;
+
+-- name: sweep_dead
+-- Crash detection, faster than the lease.  A worker whose liveness mark (the advisory
+-- lock of worker_mark, looked up in pg_locks by its holder's pid and key) is gone has
+-- lost its session: its process died, or its host, or its connection dropped.  The
+-- first sweep that sees this notes the time (mark_lost_at); a sweep `grace` seconds
+-- later, the mark still gone, gives the worker's running jobs back exactly as an
+-- expired lease would (the same SET as `sweep`: attempt counted, failed when none is
+-- left, cancelled when asked).  A worker that reconnects within the grace marks again
+-- (worker_mark clears mark_lost_at) and keeps its jobs.  A worker that is alive but
+-- stopped (SIGSTOP, a GC pause) keeps its session and its mark: only its lease can
+-- expire.  Nothing here weakens the fence: a robbed worker that was alive after all
+-- has its late writes refused (LeaseLost), as after any sweep.  Each sub-statement
+-- sees the same snapshot, so the jobs part acts on marks lost at a previous sweep.
+-- SKIP LOCKED as in `sweep`: sweepers running at once split the work; a job this
+-- statement misses (locked by another sweeper, or past `limit`) is still covered by
+-- its lease.
+WITH marks AS MATERIALIZED (
+    SELECT w.name, w.mark_lost_at,
+           EXISTS (SELECT FROM pg_locks AS l
+                   WHERE l.locktype = 'advisory' AND l.pid = w.mark_pid
+                     AND l.classid = w.mark_key1::oid AND l.objid = w.mark_key2::oid
+                     AND l.objsubid = 2 AND l.granted) AS alive
+    FROM {schema}.workers AS w
+    WHERE w.mark_pid IS NOT NULL
+),
+noted AS (
+    UPDATE {schema}.workers AS w
+    SET mark_lost_at = CASE WHEN m.alive THEN NULL ELSE now() END
+    FROM marks AS m
+    WHERE w.name = m.name AND m.alive = (m.mark_lost_at IS NOT NULL)
+),
+dead AS MATERIALIZED (
+    SELECT name FROM marks
+    WHERE NOT alive AND mark_lost_at < now() - make_interval(secs => %(grace)s)
+),
+gone AS (
+    -- Its jobs are handed back below; the row goes, so later sweeps do not look for
+    -- them again (a worker that was alive after all registers anew when it reconnects).
+    DELETE FROM {schema}.workers WHERE name IN (SELECT name FROM dead)
+),
+expired AS MATERIALIZED (
+    SELECT id, ctid
+    FROM {schema}.jobs
+    WHERE status = 'running'
+      AND locked_until IS NOT NULL
+      AND worker IN (SELECT name FROM dead)
+      AND EXISTS (SELECT FROM dead)
+    ORDER BY locked_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS j
+SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
+                        WHEN j.attempts < j.max_attempts THEN 'pending' ELSE 'failed' END,
+    finished_at  = CASE WHEN j.attempts < j.max_attempts AND NOT j.cancel_requested
+                        THEN NULL ELSE now() END,
+    locked_until = NULL,
+    last_error   = 'worker ' || coalesce(j.worker, '?') || ' lost its session during attempt '
+                   || j.attempts || ' of ' || j.max_attempts
+FROM expired
+WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
+  AND j.id = expired.id
+  AND j.status = 'running'
+RETURNING j.id, j.status;
+
 -- name: unserved
 -- Due pending jobs whose task no live worker serves (a worker is live if it refreshed
 -- its row within `alive` seconds): during a rolling deploy, the jobs of a new task

@@ -18,6 +18,16 @@
 -- queues and tasks it serves (tasks NULL: all of them) and refreshes `seen_at` at each
 -- sweep; a row not seen for a while belongs to a worker that is gone.  No index on
 -- jobs.task: the claim reads it from the heap rows its index scan visits anyway.
+--
+-- `workers` also carries each worker's liveness mark: a session-level advisory lock
+-- (mark_key1, mark_key2) held by backend mark_pid on a connection the worker keeps for
+-- it.  PostgreSQL drops the lock the moment that session ends (the worker's process
+-- died and the kernel closed its socket), so other workers see a crash in well under
+-- a second instead of waiting out the lease (`sweep_dead` in queries.sql).
+-- mark_lost_at is when a sweeper first saw the mark gone: the jobs are given back only
+-- after a short grace, so a worker that reconnects (and marks again) in time keeps
+-- them.  mark_pid NULL: no mark (behind a transaction pooler, where session state does
+-- not survive): the lease alone decides.
 
 ALTER TABLE {schema}.jobs
     ADD COLUMN task text,
@@ -28,5 +38,9 @@ CREATE TABLE {schema}.workers (
     queues     text[]      NOT NULL,
     tasks      text[],
     started_at timestamptz NOT NULL DEFAULT now(),
-    seen_at    timestamptz NOT NULL DEFAULT now()
+    seen_at    timestamptz NOT NULL DEFAULT now(),
+    mark_pid     integer,
+    mark_key1    integer,
+    mark_key2    integer,
+    mark_lost_at timestamptz
 );

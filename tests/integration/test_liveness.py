@@ -1,0 +1,116 @@
+"""Crash detection faster than the lease: a worker's session-level mark and sweep_dead."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from skiplock import Job, Queue, Worker
+from skiplock._liveness import DEFAULT_GRACE, Liveness
+
+from .test_tasks import running, wait_until
+
+
+def marks(admin: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    q = sql.SQL("SELECT name, mark_pid FROM {}.workers").format(sql.Identifier(schema))
+    return dict(admin.execute(q).fetchall())
+
+
+def test_a_dead_session_gives_its_jobs_back_within_the_grace(queue: Queue, admin: Any) -> None:
+    """A worker's session ends (as at SIGKILL): with the default 30 s lease, its job is
+    given back after about the grace, and another worker runs it."""
+    job_id = queue.enqueue({"n": 1})
+    ghost = Liveness(queue.settings, "ghost", queues=["default"], tasks=None)
+    assert ghost.step() == 0 and ghost.marked
+    [held] = queue.claim(worker="ghost", lease=30.0)
+    assert held.id == job_id
+    ran: list[Job] = []
+    for _ in running(Worker(queue, ran.append, lease=30.0)):
+        wait_until(lambda: "ghost" in marks(admin, queue.schema), what="ghost's mark")
+        ghost.close()  # the session ends; PostgreSQL drops the lock with it
+        gone = time.monotonic()
+        wait_until(lambda: len(ran) == 1, timeout=20, what="the job to run again")
+        recovery = time.monotonic() - gone
+    print(f"\nsession ended -> job running again: {recovery:.2f}s (lease 30s)")
+    assert ran[0].id == job_id and ran[0].attempts == 2
+    assert DEFAULT_GRACE <= recovery < 2.5
+    done = queue.get(job_id)
+    assert done is not None and done.status == "done"
+    assert "ghost" not in marks(admin, queue.schema)  # the dead worker's row is gone
+
+
+def test_a_dropped_liveness_connection_back_within_the_grace_keeps_the_job(
+    queue: Queue, admin: Any
+) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    def park(job: Job) -> None:
+        started.set()
+        release.wait(30)
+
+    job_id = queue.enqueue({})
+    w = Worker(queue, park, lease=30.0, name="dropped")
+    try:
+        for _ in running(w):
+            assert started.wait(20)
+            wait_until(lambda: marks(admin, queue.schema).get("dropped") is not None, what="mark")
+            first = marks(admin, queue.schema)["dropped"]
+            before = queue.get(job_id)
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+            wait_until(
+                lambda first=first: marks(admin, queue.schema).get("dropped") not in (None, first),
+                what="the worker to mark again on a new connection",
+            )
+            # Two graces with the worker's own sweeps and a second sweeper running.
+            other = Worker(queue, lambda j: None, lease=30.0, name="sweeper")
+            for _ in running(other):
+                time.sleep(2 * DEFAULT_GRACE + 0.5)
+            after = queue.get(job_id)
+            assert before is not None and after is not None
+            assert after.status == "running" and after.lease_token == before.lease_token
+            release.set()
+            wait_until(lambda b=before: (queue.get(job_id) or b).status == "done", what="done")
+    finally:
+        release.set()
+    done = queue.get(job_id)
+    assert done is not None and done.attempts == 1
+    assert w.stats.lease_lost == 0 and w.stats.completed == 1
+
+
+def test_behind_a_pooler_there_is_no_mark(dsn: str, schema: str, admin: Any) -> None:
+    """Session state does not survive a transaction pooler: the lease alone decides."""
+    with Queue(dsn, schema=schema, max_size=2, pooler=True) as q:
+        q.migrate()
+        w = Worker(q, lambda j: None, sweep_interval=0.05, name="pooled")
+        assert not w.liveness
+        for _ in running(w):
+            wait_until(lambda: "pooled" in marks(admin, schema), what="registration")
+            assert marks(admin, schema)["pooled"] is None
+
+
+def test_async_worker_marks_and_unmarks(queue: Queue, admin: Any) -> None:
+    import asyncio
+
+    from skiplock import AsyncQueue, AsyncWorker
+
+    async def handler(job: Job) -> None:
+        return None
+
+    async def main() -> tuple[Any, Any]:
+        w = AsyncWorker(AsyncQueue(queue.settings.dsn, schema=queue.schema), handler, name="aw")
+        task = asyncio.create_task(w.run())
+        end = time.monotonic() + 20
+        while marks(admin, queue.schema).get("aw") is None and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        during = marks(admin, queue.schema).get("aw")
+        w.stop()
+        await task
+        return during, marks(admin, queue.schema).get("aw")
+
+    during, after = asyncio.run(main())
+    assert during is not None and after is None
