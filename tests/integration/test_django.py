@@ -135,6 +135,24 @@ def test_a_non_json_argument_raises_and_writes_nothing(
     assert [j["payload"] for j in jobs(admin, queue.schema)] == [{"args": [1, 1], "kwargs": {}}]
 
 
+def test_an_enqueue_in_a_broken_transaction_is_refused_as_the_orm_would(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from django.db import DatabaseError, connection, transaction
+    from testproj.tasks import add
+
+    with transaction.atomic():
+        try:
+            with transaction.atomic(savepoint=False), connection.cursor() as cur:
+                cur.execute("SELECT 1/0")
+        except DatabaseError:
+            pass  # no savepoint to go back to: Django marks the transaction for rollback
+        with pytest.raises(transaction.TransactionManagementError):
+            add.enqueue(1, 2)
+        transaction.set_rollback(True)
+    assert jobs(admin, queue.schema) == []
+
+
 def test_a_pending_result_then_done_then_refreshed(backend: Any, queue: Queue) -> None:
     from testproj.tasks import add
 

@@ -210,6 +210,9 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         if problem is not None:
             raise ImproperlyConfigured(f"task backend {self.alias!r}: {problem}")
         wrapper = connections[self.database]
+        # Django's own guard: after an error inside atomic() (caught, the block going
+        # on) its transaction can only roll back; say so, as the ORM would.
+        wrapper.validate_no_broken_transaction()
         wrapper.ensure_connection()
         conn: psycopg.Connection[Any] = wrapper.connection
         return conn
