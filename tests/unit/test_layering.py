@@ -159,3 +159,54 @@ def test_the_cycle_check_finds_one() -> None:
 )
 def test_the_check_sees_each_form(source: str, expected: list[str]) -> None:
     assert [target for _, target in core_private_imports(source, "audit")] == expected
+
+
+def django_imports(source: str) -> list[tuple[int, str]]:
+    """(line, module) of each import of Django in ``source``, at any depth."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        found.extend((node.lineno, n) for n in names if n.split(".")[0] == "django")
+    return found
+
+
+def test_only_contrib_django_imports_django() -> None:
+    # Django is an optional extra (and needs Python 3.12): the rest of skiplock must
+    # import, and run, without it.
+    contrib = PACKAGE / "contrib" / "django"
+    assert any(django_imports(p.read_text(encoding="utf-8")) for p in contrib.rglob("*.py"))
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if contrib not in path.parents
+        for line, target in django_imports(path.read_text(encoding="utf-8"))
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_contrib_django_uses_the_public_core() -> None:
+    contrib = PACKAGE / "contrib" / "django"
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: imports {target}"
+        for path in sorted(contrib.rglob("*.py"))
+        for line, target in core_private_imports(path.read_text(encoding="utf-8"), "contrib")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import django", ["django"]),
+        ("def f():\n    from django.db import connections", ["django.db"]),
+        ("from djangoish import x", []),
+        ("from .django import x", []),
+    ],
+)
+def test_the_django_check_sees_each_form(source: str, expected: list[str]) -> None:
+    assert [target for _, target in django_imports(source)] == expected

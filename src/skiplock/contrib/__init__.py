@@ -1,0 +1,1 @@
+"""Integrations of skiplock with frameworks; each lives in a subpackage of its own."""

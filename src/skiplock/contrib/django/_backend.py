@@ -1,0 +1,344 @@
+"""SkiplockBackend: Django's Tasks framework (``django.tasks``) on skiplock's jobs table.
+
+Enqueue writes one skiplock job on Django's own psycopg 3 connection, so the job joins
+whatever transaction that connection is in: inside ``transaction.atomic()`` it commits
+or rolls back with the request's other writes, and no second connection is opened.
+Results are read back on the same connection.  The ``skiplock_worker`` management
+command runs the jobs (see ``_runner``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import dict_row
+from psycopg.types.json import JsonbLoader, JsonLoader
+
+from skiplock import Job, PayloadError, Queue
+from skiplock.sqlfiles import statements
+
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "SkiplockBackend",
+    "from_skiplock_priority",
+    "task_error",
+    "to_skiplock_priority",
+]
+
+DEFAULT_OPTIONS: Mapping[str, Any] = {
+    "schema": "skiplock",
+    "database": "default",
+    "max_attempts": 5,
+    "dsn": None,
+}
+
+# skiplock's statuses as Django's.  A pending job after a failed attempt is READY:
+# "ready to be executed again".  Django has no cancelled status; a cancelled job did not
+# succeed, so it is FAILED, with a skiplock.JobCancelled error.
+STATUS: Mapping[str, TaskResultStatus] = {
+    "pending": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+
+def to_skiplock_priority(priority: int) -> int:
+    """Django's priority (-100..100, higher runs first) as skiplock's (lower runs first).
+
+    The negation: Django 100 is skiplock -100, Django 0 is skiplock 0 (skiplock's
+    default, so Django jobs and plain skiplock jobs of priority 0 interleave by run_at).
+    """
+    return -int(priority)
+
+
+def from_skiplock_priority(priority: int) -> int:
+    return -int(priority)
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def task_error(last_error: str) -> TaskError:
+    """A Django TaskError from a skiplock job's ``last_error``.
+
+    A handler's exception is stored as its formatted traceback; the line after the last
+    ``Traceback`` header's frames names the exception (``module.Class: message``,
+    builtins without a module).  Anything else (a Retry's reason, a timeout, a result
+    that could not be stored) is reported as ``skiplock.JobFailed``.
+    """
+    lines = last_error.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    if headers:
+        for line in lines[headers[-1] + 1 :]:
+            if line and not line[0].isspace():
+                m = _EXCEPTION_LINE.match(line)
+                if m:
+                    path = m.group(1)
+                    return TaskError(
+                        exception_class_path=path if "." in path else f"builtins.{path}",
+                        traceback=last_error,
+                    )
+                break
+    if last_error.startswith("timed out after"):
+        return TaskError(exception_class_path="builtins.TimeoutError", traceback=last_error)
+    return TaskError(exception_class_path="skiplock.JobFailed", traceback=last_error)
+
+
+def database_dsn(alias: str) -> str:
+    """A libpq connection string for Django database ``alias`` (the worker's own)."""
+    params = connections[alias].get_connection_params()
+    kept = {
+        k: v
+        for k, v in params.items()
+        if isinstance(v, str | int) and not isinstance(v, bool) and k != "client_encoding"
+    }
+    return make_conninfo("", **kept)
+
+
+class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyped
+    """Django Tasks on skiplock.
+
+    ``TASKS = {"default": {"BACKEND": "skiplock.contrib.django.SkiplockBackend",
+    "QUEUES": [...], "OPTIONS": {...}}}``; OPTIONS (all optional):
+
+    ``schema``
+        The Postgres schema of skiplock's tables (default ``"skiplock"``); create it
+        with ``python manage.py skiplock_migrate`` or ``skiplock migrate``.
+    ``database``
+        The ``DATABASES`` alias jobs are written on (default ``"default"``): it must
+        be PostgreSQL through psycopg 3.  Enqueues join its transaction.
+    ``max_attempts``
+        Attempts per job before it ends FAILED (default 5; 1: never retried).
+    ``dsn``
+        The worker's connection string; default: built from the database's settings.
+    """
+
+    supports_defer = True  # run_after -> the job's run_at
+    supports_async_task = True  # async def tasks run in the worker (async_to_sync)
+    supports_get_result = True  # any process: the job row holds status and result
+    supports_priority = True  # mapped onto skiplock's claim order
+
+    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+        super().__init__(alias, params)
+        unknown = set(self.options) - set(DEFAULT_OPTIONS)
+        if unknown:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]['OPTIONS']: unknown option(s) {sorted(unknown)}; "
+                f"skiplock takes {sorted(DEFAULT_OPTIONS)}"
+            )
+        opts = {**DEFAULT_OPTIONS, **self.options}
+        self.schema: str = opts["schema"]
+        self.database: str = opts["database"]
+        self.max_attempts: int = opts["max_attempts"]
+        self.dsn: str | None = opts["dsn"]
+        self._queue: Queue | None = None
+
+    # -- configuration -------------------------------------------------------------------
+
+    def database_problem(self) -> str | None:
+        """Why the configured database cannot hold jobs, or None."""
+        if self.database not in settings.DATABASES:
+            return f"DATABASES has no alias {self.database!r}"
+        conn = connections[self.database]
+        if conn.vendor != "postgresql":
+            return (
+                f"DATABASES[{self.database!r}] is {conn.vendor}; "
+                "skiplock needs PostgreSQL (ENGINE django.db.backends.postgresql)"
+            )
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        if not is_psycopg3:
+            return f"DATABASES[{self.database!r}] runs on psycopg2; skiplock needs psycopg 3"
+        return None
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        problems: list[checks.CheckMessage] = list(super().check(**kwargs))
+        problem = self.database_problem()
+        if problem is not None:
+            problems.append(
+                checks.Error(
+                    f"Task backend {self.alias!r}: {problem}.",
+                    hint="Point TASKS[...]['OPTIONS']['database'] at a PostgreSQL alias.",
+                    obj=type(self).__qualname__,
+                    id="skiplock.E001",
+                )
+            )
+        ma = self.max_attempts
+        if type(ma) is not int or ma < 1:
+            problems.append(
+                checks.Error(
+                    f"Task backend {self.alias!r}: max_attempts must be a positive integer, "
+                    f"not {ma!r}.",
+                    id="skiplock.E002",
+                )
+            )
+        return problems
+
+    def worker_dsn(self) -> str:
+        return self.dsn if self.dsn is not None else database_dsn(self.database)
+
+    def queue(self) -> Queue:
+        """The skiplock Queue that builds this backend's statements (never opened: every
+        statement runs on Django's connection)."""
+        if self._queue is None:
+            self._queue = Queue(
+                self.worker_dsn(),
+                schema=self.schema,
+                application_name=f"skiplock-django:{self.alias}",
+                open=False,
+            )
+        return self._queue
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        problem = self.database_problem()
+        if problem is not None:
+            raise ImproperlyConfigured(f"task backend {self.alias!r}: {problem}")
+        wrapper = connections[self.database]
+        # Django's own guard: after an error inside atomic() (caught, the block going
+        # on) its transaction can only roll back; say so, as the ORM would.
+        wrapper.validate_no_broken_transaction()
+        wrapper.ensure_connection()
+        conn: psycopg.Connection[Any] = wrapper.connection
+        return conn
+
+    # -- producers -----------------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
+        self.validate_task(task)
+        try:
+            norm_args = normalize_json(list(args))
+            norm_kwargs = normalize_json(dict(kwargs))
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(
+                f"{task.module_path}: arguments must be JSON-serialisable ({exc}); "
+                "pass ids and plain values, not objects"
+            ) from None
+        conn = self._connection()
+        job_id = self.queue().enqueue(
+            {"args": norm_args, "kwargs": norm_kwargs},
+            queue=task.queue_name,
+            priority=to_skiplock_priority(task.priority),
+            run_at=task.run_after,
+            max_attempts=self.max_attempts,
+            conn=conn,
+            task=task.module_path,
+        )
+        result = TaskResult(
+            task=task,
+            id=str(job_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=norm_args,
+            kwargs=norm_kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results -------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job | None:
+        """The job's row, read on Django's connection (so inside ``atomic()`` it sees
+        the transaction's own enqueues)."""
+        conn = self._connection()
+        with conn.cursor(row_factory=dict_row) as cur:
+            # Django loads jsonb as text on its connections; this cursor parses it.
+            cur.adapters.register_loader("jsonb", JsonbLoader)
+            cur.adapters.register_loader("json", JsonLoader)
+            cur.execute(statements(self.schema).get, {"id": job_id})
+            row = cur.fetchone()
+        return None if row is None else Job.from_row(row)
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            job_id = int(result_id)
+        except (TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        if not 0 < job_id < 2**63:
+            raise TaskResultDoesNotExist(result_id)
+        job = self.get_job(job_id)
+        if job is None or job.task is None:
+            raise TaskResultDoesNotExist(result_id)
+        return self.result_of(job)
+
+    def result_of(self, job: Job, task: Task | None = None) -> TaskResult:
+        """The TaskResult a job's row describes."""
+        if task is None:
+            task = load_task(job.task or "", self.alias)
+            # A queue since dropped from QUEUES fails validation: keep the task as declared.
+            with suppress(InvalidTask):
+                task = task.using(
+                    priority=from_skiplock_priority(job.priority),
+                    queue_name=job.queue,
+                    run_after=job.run_at if job.status == "pending" else None,
+                )
+        payload = job.payload if isinstance(job.payload, dict) else {}
+        errors: list[TaskError] = []
+        if job.status == "cancelled":
+            errors.append(
+                TaskError(
+                    exception_class_path="skiplock.JobCancelled",
+                    traceback=job.last_error or "cancelled",
+                )
+            )
+        elif job.last_error:
+            errors.append(task_error(job.last_error))
+        result = TaskResult(
+            task=task,
+            id=str(job.id),
+            status=STATUS[job.status],
+            enqueued_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            last_attempted_at=job.started_at,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=errors,
+            # skiplock keeps the count of attempts and the last worker's name; Django
+            # counts attempts as len(worker_ids).
+            worker_ids=[job.worker or ""] * job.attempts,
+        )
+        if job.status == "done":
+            object.__setattr__(result, "_return_value", job.result)
+        return result
+
+
+class NotATask(InvalidTask):  # type: ignore[misc]
+    """A job names something that is not a Django task of this backend."""
+
+
+def load_task(path: str, alias: str) -> Task:
+    """The Django Task at ``path`` (its ``module_path``), checked to use backend ``alias``."""
+    from django.utils.module_loading import import_string
+
+    try:
+        obj = import_string(path)
+    except ImportError as exc:
+        raise NotATask(f"cannot import task {path!r}: {exc}") from None
+    if not isinstance(obj, Task):
+        raise NotATask(f"{path!r} is {type(obj).__name__}, not a django.tasks Task")
+    if obj.backend != alias:
+        raise NotATask(f"task {path!r} uses backend {obj.backend!r}, not {alias!r}")
+    return obj

@@ -1,0 +1,107 @@
+"""``python manage.py skiplock_worker``: run the Django tasks enqueued on skiplock.
+
+Runs until SIGTERM or SIGINT: the first stops claiming and gives running tasks the
+shutdown grace to finish (unstarted jobs go back at once, attempt returned) and exits
+0; a second exits at once, and the jobs still held run again when their lease ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from skiplock import Queue, SkiplockError, Worker
+
+from ..._commands import skiplock_backend
+from ..._runner import TaskRunner
+
+logger = logging.getLogger("skiplock.worker")
+
+
+class Command(BaseCommand):  # type: ignore[misc]  # django is untyped
+    help = "Run Django tasks enqueued on skiplock until SIGTERM/SIGINT."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="Q",
+            help="A queue to serve (repeat it); default: the backend's QUEUES.",
+        )
+        parser.add_argument("--concurrency", type=int, default=4, help="Tasks at once [4].")
+        parser.add_argument(
+            "--lease",
+            type=float,
+            default=30.0,
+            help="Seconds a claim lasts without a heartbeat [30]; heartbeats every lease/3.",
+        )
+        parser.add_argument(
+            "--job-timeout", type=float, default=None, help="Seconds a task may run."
+        )
+        parser.add_argument(
+            "--shutdown-grace",
+            type=float,
+            default=30.0,
+            help="Seconds running tasks get to finish at a stop [30].",
+        )
+        parser.add_argument("--name", default=None, help="The worker's name (host-pid).")
+        parser.add_argument("--backend", default=None, help="The TASKS alias (default: the one).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        logging.basicConfig(
+            level=logging.DEBUG if options["verbosity"] > 1 else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            stream=sys.stderr,
+        )
+        backend = skiplock_backend(options["backend"])
+        queues = options["queues"] or sorted(backend.queues)
+        unknown = sorted(set(queues) - backend.queues) if backend.queues else []
+        if unknown:
+            raise CommandError(f"queue(s) {unknown} are not in TASKS[{backend.alias!r}] QUEUES")
+        grace = options["shutdown_grace"]
+        q = Queue(
+            backend.worker_dsn(),
+            schema=backend.schema,
+            application_name=f"skiplock-django:{backend.alias}",
+            min_size=1,
+            max_size=1,
+        )
+        try:
+            worker = Worker(
+                q,
+                TaskRunner(backend),
+                queues=queues,
+                concurrency=options["concurrency"],
+                lease=options["lease"],
+                job_timeout=options["job_timeout"],
+                shutdown_grace=grace,
+                name=options["name"],
+            )
+            signals = {"n": 0}
+
+            def on_signal(signum: int, _frame: object) -> None:
+                signals["n"] += 1
+                if signals["n"] == 1:
+                    logger.info(
+                        "%s: finishing running tasks (up to %gs); signal again to exit now",
+                        signal.Signals(signum).name,
+                        grace,
+                    )
+                    worker.stop()
+                else:
+                    # The leases of jobs still held run out; a sweep gives them back.
+                    os._exit(128 + signum)
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+            worker.run()
+        except SkiplockError as exc:
+            raise CommandError(str(exc)) from None
+        finally:
+            q.close()

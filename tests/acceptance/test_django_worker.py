@@ -1,0 +1,142 @@
+"""``python manage.py skiplock_worker`` as a user runs it: a real process, real signals.
+
+Tasks are enqueued in this process through Django's API (the test project's TASKS, on
+a fresh schema) and run by the worker subprocess; results are read back with
+``get_result``.  No sleeps order events: each wait polls with a deadline.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("django.tasks", reason="Django 6 is not installed (it needs Python 3.12+)")
+
+PROJECT = Path(__file__).parents[1] / "django_project"
+if str(PROJECT) not in sys.path:
+    sys.path.insert(0, str(PROJECT))
+
+from djsetup import configure, project_env, using_schema  # noqa: E402
+
+from skiplock import Queue  # noqa: E402
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class WorkerProcess:
+    def __init__(self, proc: subprocess.Popen[str], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def django_project(dsn: str) -> None:
+    configure(dsn)
+
+
+@pytest.fixture
+def worker(dsn: str, queue: Queue, tmp_path: Path) -> Iterator[WorkerProcess]:
+    """A ``manage.py skiplock_worker`` on this test's schema, with TASKS pointed there too."""
+    log = tmp_path / "worker.log"
+    with using_schema(queue.schema), log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "skiplock_worker", "--concurrency", "2"],
+            cwd=PROJECT,
+            env=project_env(dsn, queue.schema),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        w = WorkerProcess(proc, log)
+        try:
+            wait_until(lambda: "concurrency 2" in w.output() or proc.poll() is not None)
+            assert proc.poll() is None, w.output()
+            yield w
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+
+
+def finished(result: Any) -> Callable[[], bool]:
+    def check() -> bool:
+        result.refresh()
+        return bool(result.is_finished)
+
+    return check
+
+
+def test_tasks_run_and_their_results_come_back(worker: WorkerProcess) -> None:
+    from testproj.tasks import add, ask_database, double_later, send_email, where_am_i
+
+    results = {
+        "add": add.enqueue(2, 3),
+        "email": send_email.enqueue("a@example.com", subject="hi"),
+        "context": where_am_i.enqueue("t1"),
+        "async": double_later.enqueue(21),
+        "db": ask_database.enqueue(),
+    }
+    for name, result in results.items():
+        wait_until(finished(result), what=f"{name} to finish\n{worker.output()}")
+        assert result.status == "SUCCESSFUL", (name, result.errors)
+        assert result.attempts == 1 and result.errors == []
+        assert result.started_at <= result.finished_at
+    assert results["add"].return_value == 5
+    assert results["email"].return_value == {"sent": "a@example.com", "subject": "hi"}
+    # The context described the running job: its id, its first attempt.
+    assert results["context"].return_value == {
+        "id": results["context"].id,
+        "attempt": 1,
+        "status": "RUNNING",
+        "tag": "t1",
+    }
+    assert results["async"].return_value == 42
+    assert results["db"].return_value == 42
+
+
+def test_a_raising_task_is_retried_then_failed(worker: WorkerProcess) -> None:
+    from testproj.tasks import Boom, explode
+
+    result = explode.enqueue("kaboom")
+    # max_attempts is 2 in the test project: one retry (after ~1 s of backoff), then FAILED.
+    wait_until(finished(result), what=f"explode to fail\n{worker.output()}")
+    assert result.status == "FAILED"
+    assert result.attempts == 2
+    [error] = result.errors
+    assert error.exception_class is Boom
+    assert "kaboom" in error.traceback and "raise Boom(message)" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+
+
+def test_sigterm_lets_the_running_task_finish_and_exits_0(worker: WorkerProcess) -> None:
+    from testproj.tasks import hang
+
+    result = hang.enqueue(1.0)
+
+    def running() -> bool:
+        result.refresh()
+        return bool(result.status == "RUNNING")
+
+    wait_until(running, what=f"hang to start\n{worker.output()}")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(timeout=60) == 0, worker.output()
+    result.refresh()
+    assert (result.status, result.return_value) == ("SUCCESSFUL", "woke")
+    assert "SIGTERM: finishing running tasks" in worker.output()

@@ -1,0 +1,59 @@
+"""The tasks the tests enqueue."""
+
+import asyncio
+from typing import Any
+
+from django.db import connection
+from django.tasks import TaskContext, task
+
+
+class Boom(Exception):
+    """What ``explode`` raises."""
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue_name="emails", priority=10)
+def send_email(to: str, subject: str = "") -> dict[str, str]:
+    return {"sent": to, "subject": subject}
+
+
+@task
+def explode(message: str) -> None:
+    raise Boom(message)
+
+
+@task(takes_context=True)
+def where_am_i(context: TaskContext, tag: str) -> dict[str, Any]:
+    return {
+        "id": context.task_result.id,
+        "attempt": context.attempt,
+        "status": str(context.task_result.status),
+        "tag": tag,
+    }
+
+
+@task
+async def double_later(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return 2 * x
+
+
+@task
+def ask_database() -> int:
+    # Django's own connection, in a worker thread: opened here, closed after the job.
+    with connection.cursor() as cur:
+        cur.execute("SELECT 41 + 1")
+        row = cur.fetchone()
+    return int(row[0])
+
+
+@task
+def hang(seconds: float) -> str:
+    import time
+
+    time.sleep(seconds)
+    return "woke"

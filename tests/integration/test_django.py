@@ -1,0 +1,313 @@
+"""skiplock.contrib.django in-process: real Django 6, real PostgreSQL, no worker.
+
+The worker's side (a real ``manage.py skiplock_worker``) is tests/acceptance/
+test_django_worker.py.  Jobs are moved through their states here with skiplock's own
+Queue (claim, complete, fail, cancel), so the mapping to Django's TaskResult is checked
+on every status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+pytest.importorskip("django.tasks", reason="Django 6 is not installed (it needs Python 3.12+)")
+
+PROJECT = Path(__file__).parents[1] / "django_project"
+if str(PROJECT) not in sys.path:
+    sys.path.insert(0, str(PROJECT))
+
+from djsetup import configure, using_schema  # noqa: E402
+
+from skiplock import JobCancelled, PayloadError, Queue  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def django_project(dsn: str) -> None:
+    configure(dsn)
+
+
+@pytest.fixture
+def backend(queue: Queue) -> Iterator[Any]:
+    """The project's TASKS default backend on this test's fresh (migrated) schema."""
+    from django.tasks import task_backends
+
+    with using_schema(queue.schema):
+        yield task_backends["default"]
+
+
+def jobs(admin: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    """The jobs table as another connection sees it (committed rows only)."""
+    from psycopg.rows import dict_row
+
+    with admin.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            sql.SQL(
+                "SELECT id, queue, task, payload, priority, run_at, max_attempts "
+                "FROM {}.jobs ORDER BY id"
+            ).format(sql.Identifier(schema))
+        )
+        return cur.fetchall()
+
+
+def test_a_rolled_back_atomic_block_leaves_no_job(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from django.db import transaction
+    from django.tasks.exceptions import TaskResultDoesNotExist
+    from testproj.tasks import add
+
+    with pytest.raises(RuntimeError, match="request failed"), transaction.atomic():
+        result = add.enqueue(1, 2)
+        # Same connection, same transaction: the job is there for this request...
+        assert add.get_result(result.id).status == "READY"
+        raise RuntimeError("request failed")
+    # ...and gone with the transaction.
+    assert jobs(admin, queue.schema) == []
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(result.id)
+
+
+def test_a_committed_atomic_block_leaves_one_job(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from django.db import connection, transaction
+    from testproj.tasks import add
+
+    with transaction.atomic():
+        result = add.enqueue(1, b=2)
+        assert jobs(admin, queue.schema) == []  # not committed yet: invisible elsewhere
+    [job] = jobs(admin, queue.schema)
+    assert str(job["id"]) == result.id
+    assert job["task"] == "testproj.tasks.add"
+    assert job["payload"] == {"args": [1], "kwargs": {"b": 2}}
+    assert (job["queue"], job["priority"], job["max_attempts"]) == ("default", 0, 2)
+    # The insert ran on Django's own connection: no pool of skiplock's was opened.
+    assert backend.queue()._pool is None
+    assert connection.connection is not None
+
+
+def test_outside_atomic_the_enqueue_commits_at_once(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from testproj.tasks import add
+
+    result = add.enqueue(3, 4)
+    assert [str(j["id"]) for j in jobs(admin, queue.schema)] == [result.id]
+    assert (result.status, result.args, result.kwargs, result.backend) == (
+        "READY",
+        [3, 4],
+        {},
+        "default",
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ((object(), 1), "Unsupported type"),
+        ((float("nan"), 1), "not JSON"),
+        (({1j: 2}, 1), "Unsupported type"),
+    ],
+)
+def test_a_non_json_argument_raises_and_writes_nothing(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any], args: tuple[Any, ...], why: str
+) -> None:
+    from django.db import transaction
+    from testproj.tasks import add
+
+    with pytest.raises(PayloadError, match=why) as info:
+        add.enqueue(*args)
+    assert "testproj.tasks.add" in str(info.value) or "payload" in str(info.value)
+    # Nothing written, and Django's transaction (had there been one) is still usable.
+    with transaction.atomic():
+        with pytest.raises(PayloadError):
+            add.enqueue(*args)
+        add.enqueue(1, 1)
+    assert [j["payload"] for j in jobs(admin, queue.schema)] == [{"args": [1, 1], "kwargs": {}}]
+
+
+def test_an_enqueue_in_a_broken_transaction_is_refused_as_the_orm_would(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from django.db import DatabaseError, connection, transaction
+    from testproj.tasks import add
+
+    with transaction.atomic():
+        try:
+            with transaction.atomic(savepoint=False), connection.cursor() as cur:
+                cur.execute("SELECT 1/0")
+        except DatabaseError:
+            pass  # no savepoint to go back to: Django marks the transaction for rollback
+        with pytest.raises(transaction.TransactionManagementError):
+            add.enqueue(1, 2)
+        transaction.set_rollback(True)
+    assert jobs(admin, queue.schema) == []
+
+
+def test_a_pending_result_then_done_then_refreshed(backend: Any, queue: Queue) -> None:
+    from testproj.tasks import add
+
+    result = add.enqueue(2, 3)
+    fetched = add.get_result(result.id)
+    assert fetched.status == "READY"
+    assert (fetched.attempts, fetched.worker_ids, fetched.errors) == (0, [], [])
+    assert (fetched.args, fetched.kwargs) == ([2, 3], {})
+    assert fetched.enqueued_at is not None and fetched.started_at is None
+    assert not fetched.is_finished
+    with pytest.raises(ValueError, match="not finished"):
+        _ = fetched.return_value
+
+    [job] = queue.claim(worker="w1", queue="default")
+    result.refresh()
+    assert (result.status, result.attempts, result.worker_ids) == ("RUNNING", 1, ["w1"])
+    assert result.started_at is not None and result.last_attempted_at == result.started_at
+
+    queue.complete(job, 5)
+    result.refresh()
+    assert (result.status, result.return_value, result.is_finished) == ("SUCCESSFUL", 5, True)
+    assert result.finished_at is not None and result.finished_at >= result.started_at
+
+    async def again() -> Any:
+        return await add.aget_result(result.id)
+
+    assert asyncio.run(again()).return_value == 5
+
+
+def test_a_failed_job_reports_the_exception_class_and_traceback(backend: Any, queue: Queue) -> None:
+    from testproj.tasks import Boom, explode
+
+    result = explode.enqueue("kaboom")
+    [job] = queue.claim(worker="w1", queue="default")
+    try:
+        raise Boom("kaboom")
+    except Boom as exc:
+        import traceback
+
+        text = "".join(traceback.format_exception(exc))
+    queue.fail(job, text, retry=False)
+    result.refresh()
+    assert result.status == "FAILED"
+    [error] = result.errors
+    assert error.exception_class_path == "testproj.tasks.Boom"
+    assert error.exception_class is Boom
+    assert "kaboom" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        _ = result.return_value
+
+
+def test_a_cancelled_job_is_failed_with_job_cancelled(backend: Any, queue: Queue) -> None:
+    from testproj.tasks import add
+
+    result = add.enqueue(1, 1)
+    assert queue.cancel(int(result.id)) == "cancelled"
+    result.refresh()
+    assert result.status == "FAILED"
+    assert [e.exception_class for e in result.errors] == [JobCancelled]
+
+
+def test_unknown_ids_do_not_exist(backend: Any, queue: Queue) -> None:
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    plain = queue.enqueue({"not": "a django task"})  # a skiplock job with no task
+    for result_id in ("999999", "abc", "-1", str(2**70), str(plain)):
+        with pytest.raises(TaskResultDoesNotExist):
+            backend.get_result(result_id)
+
+
+def test_priority_queue_and_run_after_are_mapped(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from testproj.tasks import add, send_email
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    low = add.using(priority=-50).enqueue(0, 0)
+    high = add.using(priority=100).enqueue(0, 1)
+    deferred = add.using(run_after=later).enqueue(0, 2)
+    email = send_email.enqueue("a@example.com")  # queue_name="emails", priority=10
+    rows = {str(j["id"]): j for j in jobs(admin, queue.schema)}
+    assert rows[low.id]["priority"] == 50  # Django's higher-first as skiplock's lower-first
+    assert rows[high.id]["priority"] == -100
+    assert rows[deferred.id]["run_at"] == later
+    assert (rows[email.id]["queue"], rows[email.id]["priority"]) == ("emails", -10)
+    # The claim order agrees: Django's highest priority first, the deferred job not yet.
+    claimed = queue.claim(worker="w", queue="default", limit=10)
+    assert [str(j.id) for j in claimed] == [high.id, low.id]
+    fetched = backend.get_result(high.id)
+    assert (fetched.task.priority, fetched.task.queue_name) == (100, "default")
+    assert backend.get_result(deferred.id).task.run_after == later
+    assert backend.get_result(email.id).task.queue_name == "emails"
+
+
+def test_aenqueue_writes_the_job(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from testproj.tasks import double_later
+
+    async def enqueue() -> Any:
+        return await double_later.aenqueue(21)
+
+    result = asyncio.run(enqueue())
+    [job] = jobs(admin, queue.schema)
+    assert (str(job["id"]), job["task"]) == (result.id, "testproj.tasks.double_later")
+
+
+def test_a_database_that_is_not_postgresql_fails_the_check_and_the_enqueue(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from django.core.checks import run_checks
+    from django.core.exceptions import ImproperlyConfigured
+    from django.tasks import task_backends
+    from testproj.tasks import add
+
+    with using_schema(queue.schema, database="lite"):
+        errors = [e for e in run_checks() if e.id == "skiplock.E001"]
+        assert len(errors) == 1
+        assert "sqlite" in errors[0].msg and "PostgreSQL" in errors[0].msg
+        with pytest.raises(ImproperlyConfigured, match="needs PostgreSQL"):
+            add.enqueue(1, 2)
+        assert task_backends["default"].check()[0].id == "skiplock.E001"
+    assert jobs(admin, queue.schema) == []
+
+
+def test_the_check_passes_on_postgresql(backend: Any) -> None:
+    assert backend.check() == []
+
+
+def test_an_unknown_option_is_refused(queue: Queue) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+    from django.tasks import task_backends
+
+    with (
+        using_schema(queue.schema, shema="typo"),
+        pytest.raises(ImproperlyConfigured, match="shema"),
+    ):
+        task_backends["default"]
+
+
+def test_task_errors_are_parsed_from_what_skiplock_keeps() -> None:
+    from skiplock.contrib.django._backend import task_error
+
+    def formatted(exc: BaseException) -> str:
+        import traceback
+
+        try:
+            raise exc
+        except BaseException as e:
+            return "".join(traceback.format_exception(e))
+
+    noted = KeyError("k")
+    noted.add_note("a note\nover two lines")
+    assert task_error(formatted(noted)).exception_class_path == "builtins.KeyError"
+    chained = formatted(ValueError("outer\nsecond line"))
+    assert task_error(chained).exception_class_path == "builtins.ValueError"
+    assert task_error("retry requested by handler").exception_class_path == "skiplock.JobFailed"
+    assert task_error("timed out after 5s").exception_class_path == "builtins.TimeoutError"
