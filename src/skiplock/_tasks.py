@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import difflib
 import inspect
 import sys
 import traceback
@@ -179,6 +180,18 @@ class Task(Generic[R]):
         Raises TypeError for a call that does not bind to the function (a missing or
         misspelt argument) and PayloadError for a value JSON cannot carry.
         """
+        if self._var_kw is None:
+            # A misspelt name is the likeliest mistake: say so (and what was meant)
+            # rather than report the argument it left missing.
+            known = list(self._signature.parameters)
+            for given in kwargs:
+                if given not in known:
+                    close = difflib.get_close_matches(given, known, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise TypeError(
+                        f"{self.name}.defer(): unexpected argument {given!r}{hint}; "
+                        f"it takes {', '.join(known) or 'no arguments'}"
+                    )
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:

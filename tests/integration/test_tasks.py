@@ -171,9 +171,17 @@ def test_bad_calls_fail_in_the_producer_and_write_nothing(app: App, admin: Any) 
     with pytest.raises(
         TypeError, match=r"t.send.defer\(\): missing a required argument: 'invoice_id'"
     ):
+        send.defer(note="x")
+    with pytest.raises(
+        TypeError, match=r"unexpected argument 'invoice' \(did you mean 'invoice_id'\?\)"
+    ):
         send.defer(invoice=7)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'notes'"):
+    with pytest.raises(
+        TypeError, match=r"unexpected argument 'notes' \(did you mean 'note'\?\); it takes"
+    ):
         send.defer(invoice_id=7, notes="x")
+    with pytest.raises(TypeError, match=r"unexpected argument 'invoce_id' \(did you mean"):
+        send.defer(invoce_id=7)
     with pytest.raises(TypeError, match="argument 'invoice_id'"):
         send.defer(invoice_id="seven")
     with pytest.raises(PayloadError, match="not JSON-serialisable"):
