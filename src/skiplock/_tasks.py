@@ -333,34 +333,29 @@ class Deferral:
     max_attempts: int
     conn: Any
 
+    def _options(self, *, keyed: bool = True) -> dict[str, Any]:
+        """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s)."""
+        options: dict[str, Any] = {
+            "queue": self.queue,
+            "priority": self.priority,
+            "run_at": self.run_at,
+            "max_attempts": self.max_attempts,
+            "conn": self.conn,
+            "task": self.task.name,
+            "meta": _trace.inject(),
+        }
+        if keyed:
+            options["idempotency_key"] = self.key
+        return options
+
     def defer(self, *args: Any, **kwargs: Any) -> int:
         payload = self.task.encode(args, kwargs)
-        return self.task.app.queue.enqueue(
-            payload,
-            queue=self.queue,
-            priority=self.priority,
-            run_at=self.run_at,
-            max_attempts=self.max_attempts,
-            idempotency_key=self.key,
-            conn=self.conn,
-            task=self.task.name,
-            meta=_trace.inject(),
-        )
+        return self.task.app.queue.enqueue(payload, **self._options())
 
     async def defer_async(self, *args: Any, **kwargs: Any) -> int:
         payload = self.task.encode(args, kwargs)
         q = await self.task.app.async_queue()
-        return await q.enqueue(
-            payload,
-            queue=self.queue,
-            priority=self.priority,
-            run_at=self.run_at,
-            max_attempts=self.max_attempts,
-            idempotency_key=self.key,
-            conn=self.conn,
-            task=self.task.name,
-            meta=_trace.inject(),
-        )
+        return await q.enqueue(payload, **self._options())
 
     def _payloads(self, calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if self.key is not None:
@@ -377,30 +372,12 @@ class Deferral:
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         payloads = self._payloads(calls)
-        return self.task.app.queue.enqueue_many(
-            payloads,
-            queue=self.queue,
-            priority=self.priority,
-            run_at=self.run_at,
-            max_attempts=self.max_attempts,
-            conn=self.conn,
-            task=self.task.name,
-            meta=_trace.inject(),
-        )
+        return self.task.app.queue.enqueue_many(payloads, **self._options(keyed=False))
 
     async def defer_many_async(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         payloads = self._payloads(calls)
         q = await self.task.app.async_queue()
-        return await q.enqueue_many(
-            payloads,
-            queue=self.queue,
-            priority=self.priority,
-            run_at=self.run_at,
-            max_attempts=self.max_attempts,
-            conn=self.conn,
-            task=self.task.name,
-            meta=_trace.inject(),
-        )
+        return await q.enqueue_many(payloads, **self._options(keyed=False))
 
 
 class App:

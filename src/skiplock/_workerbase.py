@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -301,6 +302,36 @@ class WorkerBase:
             op_retries=2,
             synchronous_commit=synchronous_commit,
         )
+
+    def stop(self, *, graceful: bool = True) -> None:
+        raise NotImplementedError
+
+    def handle_signals(self, what: str = "jobs") -> None:
+        """Stop gracefully on the first SIGTERM or SIGINT, exit at once on a second.
+
+        Call it in the main thread before ``run()``, as ``skiplock worker`` does.  At the
+        second signal the process exits without writing the outcomes it owes: the
+        leases of the jobs still held run out (or its session's mark goes with it) and
+        another worker runs them again.
+        """
+        count = 0
+
+        def on_signal(signum: int, _frame: object) -> None:
+            nonlocal count
+            count += 1
+            if count == 1:
+                logger.info(
+                    "%s: finishing running %s (up to %gs); signal again to exit now",
+                    signal.Signals(signum).name,
+                    what,
+                    self.shutdown_grace,
+                )
+                self.stop()
+            else:
+                os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
 
     # -- events --------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,7 @@ from djsetup import configure, project_env, using_schema  # noqa: E402
 
 from skiplock import Queue  # noqa: E402
 
-
-def wait_until(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from .test_cli import wait_until  # noqa: E402
 
 
 class WorkerProcess:

@@ -12,7 +12,7 @@ from psycopg import sql
 from skiplock import Job, Queue, Worker
 from skiplock._liveness import DEFAULT_GRACE, Liveness
 
-from .test_tasks import running, wait_until
+from .test_worker import running, wait_until
 
 
 def marks(admin: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def test_a_dead_session_gives_its_jobs_back_within_the_grace(queue: Queue, admin
     [held] = queue.claim(worker="ghost", lease=30.0)
     assert held.id == job_id
     ran: list[Job] = []
-    for _ in running(Worker(queue, ran.append, lease=30.0)):
+    with running(Worker(queue, ran.append, lease=30.0)):
         wait_until(lambda: "ghost" in marks(admin, queue.schema), what="ghost's mark")
         ghost.close()  # the session ends; PostgreSQL drops the lock with it
         gone = time.monotonic()
@@ -56,7 +56,7 @@ def test_a_dropped_liveness_connection_back_within_the_grace_keeps_the_job(
     job_id = queue.enqueue({})
     w = Worker(queue, park, lease=30.0, name="dropped")
     try:
-        for _ in running(w):
+        with running(w):
             assert started.wait(20)
             wait_until(lambda: marks(admin, queue.schema).get("dropped") is not None, what="mark")
             first = marks(admin, queue.schema)["dropped"]
@@ -68,7 +68,7 @@ def test_a_dropped_liveness_connection_back_within_the_grace_keeps_the_job(
             )
             # Two graces with the worker's own sweeps and a second sweeper running.
             other = Worker(queue, lambda j: None, lease=30.0, name="sweeper")
-            for _ in running(other):
+            with running(other):
                 time.sleep(2 * DEFAULT_GRACE + 0.5)
             after = queue.get(job_id)
             assert before is not None and after is not None
@@ -88,7 +88,7 @@ def test_behind_a_pooler_there_is_no_mark(dsn: str, schema: str, admin: Any) -> 
         q.migrate()
         w = Worker(q, lambda j: None, sweep_interval=0.05, name="pooled")
         assert not w.liveness
-        for _ in running(w):
+        with running(w):
             wait_until(lambda: "pooled" in marks(admin, schema), what="registration")
             assert marks(admin, schema)["pooled"] is None
 

@@ -13,7 +13,7 @@ from skiplock import App, Queue, Worker
 from skiplock._migrate import migrate_op
 from skiplock._queue import run_op
 
-from .test_tasks import running, wait_until
+from .test_worker import running, wait_until
 
 
 def test_0007_keeps_pending_and_running_jobs_and_their_leases(
@@ -67,10 +67,10 @@ def test_0007_keeps_pending_and_running_jobs_and_their_leases(
             return n
 
         new_id = new.defer(n=9)
-        for _ in running(app.worker(sweep_interval=0.05)):
+        with running(app.worker(sweep_interval=0.05)):
             assert app.wait(new_id, timeout=20) == 9
         seen: list[int] = []
-        for _ in running(Worker(q, lambda j: seen.append(j.payload["n"]), queues=["old"])):
+        with running(Worker(q, lambda j: seen.append(j.payload["n"]), queues=["old"])):
             wait_until(lambda: len(seen) == 4, what="the four old pending jobs")
         app.close()
     assert sorted(seen) == [3, 4, 5, 6]

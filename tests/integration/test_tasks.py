@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,13 +25,7 @@ from skiplock import (
     Worker,
 )
 
-
-def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+from .test_worker import running, wait_until
 
 
 @pytest.fixture
@@ -57,15 +50,6 @@ class Address:
     city: str
 
 
-def running(worker: Worker) -> Iterator[Worker]:
-    t = worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        t.join(timeout=30)
-
-
 def test_defer_runs_and_returns(app: App, admin: Any) -> None:
     seen: list[Job] = []
 
@@ -86,7 +70,7 @@ def test_defer_runs_and_returns(app: App, admin: Any) -> None:
     assert stored[a][2] == "billing.send_invoice" and stored[a][1] == "emails"
     assert stored[a][5] == {"invoice_id": 7, "to": {"street": "Main St 1", "city": "Berlin"}}
     assert stored[b][5] == {"user": "ann", "loud": True}
-    for _ in running(app.worker(concurrency=2)):
+    with running(app.worker(concurrency=2)):
         assert app.wait(a, timeout=20) == {"invoice": 7, "city": "Berlin"}
         assert app.wait(b, timeout=20) == "ANN"
     # The Job asked for by annotation is the claimed job: attempt and key included.
@@ -149,7 +133,7 @@ def test_trace_context_travels_from_defer_to_the_task(app: App) -> None:
         with tracer.start_as_current_span("request") as request:
             job_id = traced.defer()
             want = request.get_span_context().trace_id
-        for _ in running(app.worker()):
+        with running(app.worker()):
             app.wait(job_id, timeout=20)
     finally:
         trace.get_tracer = original  # type: ignore[assignment]
@@ -260,7 +244,7 @@ def test_typed_arguments_convert_both_ways(app: App) -> None:
     job_id = typed.defer(lines=[{"sku": "A", "qty": "2"}], due=due, to=Address("s", "c"))
     with pytest.raises(TypeError, match="argument 'lines'"):
         typed.defer(lines=[{"sku": "A"}], due=due)
-    for _ in running(app.worker()):
+    with running(app.worker()):
         app.wait(job_id, timeout=20)
     [(lines, when, to)] = got
     assert lines == [Line(sku="A", qty=2)] and when == due and to == Address("s", "c")
@@ -279,7 +263,7 @@ def test_task_retry_policy_and_final_failure(app: App, admin: Any) -> None:
         raise Fail("not ours")
 
     a, b = flaky.defer(n=1), refuse.defer()
-    for _ in running(app.worker(concurrency=2)):
+    with running(app.worker(concurrency=2)):
         with pytest.raises(JobFailed, match="ValueError: bad invoice 1"):
             app.wait(a, timeout=20)
         with pytest.raises(JobFailed, match="not ours"):
@@ -301,7 +285,7 @@ def test_task_timeout(app: App) -> None:
 
     ids = [slow.defer(), slow_async.defer()]
     try:
-        for w in running(app.worker(concurrency=2)):
+        with running(app.worker(concurrency=2)) as w:
             for i in ids:
                 with pytest.raises(JobFailed, match=r"timed out after 0\.3s"):
                     app.wait(i, timeout=20)
@@ -332,7 +316,7 @@ def test_worker_claims_only_the_tasks_it_knows(app: App, admin: Any, dsn: str) -
     fresh = new.defer(n=4)
     known = old_again.defer(n=1)
     try:
-        for v1 in running(app.worker(sweep_interval=0.05)):
+        with running(app.worker(sweep_interval=0.05)) as v1:
             assert app.wait(known, timeout=20) == 1
             wait_until(lambda: bool(app.queue.unserved()), what="the v1 worker's registration")
             assert v1.tasks == ["shop.v1_task"]
@@ -343,7 +327,7 @@ def test_worker_claims_only_the_tasks_it_knows(app: App, admin: Any, dsn: str) -
             state = {r[0]: (r[3], r[4]) for r in rows(admin, app.schema)}
             # Not claimed, not failed, not charged; the legacy job is not an App's either.
             assert state[fresh] == ("pending", 0) and state[legacy] == ("pending", 0)
-        for _ in running(new_app.worker(sweep_interval=0.05)):
+        with running(new_app.worker(sweep_interval=0.05)):
             assert new_app.wait(fresh, timeout=20) == 40
             wait_until(lambda: not new_app.queue.unserved(), what="no unserved task")
         state = {r[0]: (r[3], r[4]) for r in rows(admin, app.schema)}
@@ -366,7 +350,7 @@ def test_plain_worker_still_runs_every_job_of_its_queue(app: App, queue: Queue) 
 
     ids = [any_task.defer(n=1), queue.enqueue({"raw": 1})]
     seen: list[tuple[str | None, Any]] = []
-    for _ in running(Worker(queue, lambda j: seen.append((j.task, j.payload)))):
+    with running(Worker(queue, lambda j: seen.append((j.task, j.payload)))):
         wait_until(lambda: len(seen) == 2, what="both jobs")
     assert sorted(seen, key=str) == sorted([("t.any", {"n": 1}), (None, {"raw": 1})], key=str)
     assert len(ids) == 2
@@ -387,7 +371,7 @@ def test_periodic_task(app: App, admin: Any) -> None:
         @app.task(name="t.needs_args")
         def needs_args(what: str) -> None: ...
 
-    for _ in running(app.worker()):
+    with running(app.worker()):
         wait_until(lambda: len(ran) >= 1, what="a periodic run")
     assert ran[0] == "tick"
     tasks = {r[2] for r in rows(admin, app.schema)}

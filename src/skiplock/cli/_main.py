@@ -527,8 +527,6 @@ def worker(
     abandoned and run again once their leases run out.
     """
     import logging
-    import os
-    import signal
 
     from .._handlers import load_handler, load_object
     from .._logs import JsonFormatter
@@ -607,23 +605,7 @@ def worker(
             )
         else:
             w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
-        signals = {"n": 0}
-
-        def on_signal(signum: int, _frame: object) -> None:
-            signals["n"] += 1
-            if signals["n"] == 1:
-                logging.getLogger("skiplock.worker").info(
-                    "%s: finishing running jobs (up to %gs); signal again to exit now",
-                    signal.Signals(signum).name,
-                    shutdown_grace,
-                )
-                w.stop()
-            else:
-                # Leases of the jobs still held run out and the sweeper gives them back.
-                os._exit(128 + signum)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        w.handle_signals()
         stats = w.run()
     finally:
         if metrics is not None:

@@ -8,8 +8,6 @@ shutdown grace to finish (unstarted jobs go back at once, attempt returned) and 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 from typing import Any
 
@@ -83,23 +81,7 @@ class Command(BaseCommand):  # type: ignore[misc]  # django is untyped
                 shutdown_grace=grace,
                 name=options["name"],
             )
-            signals = {"n": 0}
-
-            def on_signal(signum: int, _frame: object) -> None:
-                signals["n"] += 1
-                if signals["n"] == 1:
-                    logger.info(
-                        "%s: finishing running tasks (up to %gs); signal again to exit now",
-                        signal.Signals(signum).name,
-                        grace,
-                    )
-                    worker.stop()
-                else:
-                    # The leases of jobs still held run out; a sweep gives them back.
-                    os._exit(128 + signum)
-
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
+            worker.handle_signals("tasks")
             worker.run()
         except SkiplockError as exc:
             raise CommandError(str(exc)) from None
