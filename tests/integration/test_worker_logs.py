@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,15 +15,9 @@ from psycopg import sql
 
 from skiplock import AsyncWorker, Job, Queue, RetryPolicy, Worker
 
+from .test_worker import wait_until
+
 KINDS = ["sync", "async"]
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 @contextmanager
