@@ -311,3 +311,18 @@ def test_the_command_refuses_a_malformed_auth_with_exit_2() -> None:
     assert "--auth expects user:password" in result.output
     listed = CliRunner().invoke(main, ["--help"])
     assert "dashboard" in listed.output
+
+
+def test_overview_lists_jobs_whose_task_no_worker_knows(queue: Queue, client: TestClient) -> None:
+    """A rolling deploy's waiting jobs are on the queues page, not only in `status`."""
+    queue.enqueue({"order": 1}, queue="payments", task="shop.refund")
+    queue.enqueue({"order": 2}, queue="payments", task="shop.charge")
+    # A live worker that knows shop.charge only (what App.worker registers).
+    queue.register_worker("v1", queues=["payments"], tasks=["shop.charge"])
+    body = client.get("/api/overview").json()
+    assert [(u["queue"], u["task"], u["jobs"]) for u in body["unserved"]] == [
+        ("payments", "shop.refund", 1)
+    ]
+    page = client.get("/").text
+    assert "Waiting for a worker that knows the task" in page
+    assert 'data-task="shop.refund"' in page and 'data-task="shop.charge"' not in page
