@@ -30,7 +30,7 @@ FILES = {"_aqueue.py": "_queue.py"}
 NAMES = {
     "AsyncQueue": "Queue",
     "arun_op": "run_op",
-    "_acheck_idle_connection": "_check_idle_connection",
+    "_areconnecting": "_reconnecting",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",
     "AsyncIterator": "Iterator",

@@ -10,6 +10,7 @@ generated file is current.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from time import monotonic
@@ -30,6 +31,7 @@ from ._base import (
     backoff,
     give_up,
     idle_connection_suspect,
+    reconnect_delay,
     translate_error,
     unavailable,
 )
@@ -69,10 +71,34 @@ async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
         await cur.close()
 
 
-async def _acheck_idle_connection(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The pool's check: ping only a connection ``idle_connection_suspect`` flags."""
-    if idle_connection_suspect(conn):
-        await AsyncConnectionPool.check_connection(conn)
+def _areconnecting(closing: threading.Event) -> type[psycopg.AsyncConnection[Any]]:
+    """A connection class for the pool whose ``connect`` retries on the lanes' schedule.
+
+    psycopg_pool retries a failed connect after 1 s, then 2, 4, 8 s
+    (``AttemptWithBackoff.INITIAL_DELAY``, a class constant shared by every pool in the
+    process, so not ours to change): after a server restart a producer waited up to
+    ~5 s past the server's return.  ``connection_class`` is the pool's public hook
+    into how a connection is made, so the retrying happens inside ``connect``: at once,
+    then 25 ms doubling to 0.25 s (``reconnect_delay``), until it works or the queue
+    closes.  The pool's own backoff then never starts, and a caller waiting for a
+    connection gets the first one the server accepts.  A wrong password or database
+    still fails fast in ``open()``, which connects directly first.
+    """
+
+    class Reconnecting(psycopg.AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+            failures = 0
+            while True:
+                try:
+                    return await super().connect(conninfo, **kwargs)
+                except psycopg.OperationalError:
+                    failures += 1
+                    if closing.is_set():
+                        raise
+                    await asyncio.sleep(reconnect_delay(failures))
+
+    return Reconnecting
 
 
 class AsyncQueue(QueueBase):
@@ -175,14 +201,16 @@ class AsyncQueue(QueueBase):
             await conn.close()
         except psycopg.Error as exc:
             raise unavailable(exc, s, "connect") from None
+        self._closing = threading.Event()
         pool = AsyncConnectionPool(
             s.dsn,
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
-            check=_acheck_idle_connection if self._check else None,
-            # Retry with backoff while callers wait; 0 gives up after two immediate tries
-            # and leaves every waiting caller parked until its own timeout.
+            check=self._check_pooled if self._check else None,
+            connection_class=_areconnecting(self._closing),
+            # Only reached when a connect fails while the queue closes (_areconnecting
+            # retries until then); 0 would leave waiting callers parked.
             reconnect_timeout=300.0,
             name=f"skiplock-{s.application_name}",
             open=False,
@@ -190,7 +218,27 @@ class AsyncQueue(QueueBase):
         await pool.open(wait=False)
         self._pool = pool
 
+    async def _check_pooled(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The pool's check: ping only a connection ``idle_connection_suspect`` flags.
+
+        A connection the server cut while idle means its idle siblings were most likely
+        cut too (a restart, a failover).  The pool would find them one lend at a time
+        and sleep 1 s after the second (its check loop's backoff); ``pool.check()``
+        drops them all at once and starts their replacements, so the caller waits only
+        for the first new connection.
+        """
+        try:
+            if idle_connection_suspect(conn):
+                await AsyncConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            if isinstance(self._pool, AsyncConnectionPool):
+                await self._pool.check()
+            raise
+
     async def close(self) -> None:
+        closing: threading.Event | None = getattr(self, "_closing", None)
+        if closing is not None:
+            closing.set()  # the pool's connect retries stop, so its workers can exit
         if self._pool is not None:
             await self._pool.close()
             self._pool = None

@@ -29,7 +29,14 @@ from ._job import Job
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
 
-__all__ = ["ConnectionSource", "QueueBase", "QueueSettings", "backoff", "translate_error"]
+__all__ = [
+    "ConnectionSource",
+    "QueueBase",
+    "QueueSettings",
+    "backoff",
+    "reconnect_delay",
+    "translate_error",
+]
 
 MakeOp = Callable[[bool], Op[Any]]
 
@@ -87,6 +94,15 @@ class QueueSettings:
         elif not self.synchronous_commit:
             kwargs["options"] = "-c synchronous_commit=off"
         return kwargs
+
+
+def reconnect_delay(failures: int, cap: float = 0.25) -> float:
+    """Seconds before connect attempt ``failures + 1``: at once, then 25 ms doubling to
+    ``cap``, jittered.  Lanes and queue pools share it, so a producer is back as soon
+    as a worker is after the server returns."""
+    if failures <= 0:
+        return 0.0
+    return float(min(cap, 0.025 * 2 ** (failures - 1)) * random.uniform(0.5, 1.0))
 
 
 def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
