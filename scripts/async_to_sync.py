@@ -34,6 +34,7 @@ NAMES = {
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",
     "AsyncIterator": "Iterator",
+    "AsyncCursor": "Cursor",
     "asyncio": "time",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",

@@ -49,22 +49,30 @@ ASYNC: Final = True  # mypy: always_true; the sync copy keeps the else branches
 T = TypeVar("T")
 
 
+async def _run_step(cur: psycopg.AsyncCursor[Any], step: Execute | Copy) -> list[Any]:
+    if isinstance(step, Execute):
+        await cur.execute(step.query, step.params)
+        return await cur.fetchall() if cur.description is not None else []
+    async with cur.copy(step.query) as copy:
+        for row in step.rows:
+            await copy.write_row(row)
+    return []
+
+
 async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     """Drive an I/O-free operation to completion on ``conn``."""
     cur = conn.cursor(row_factory=dict_row)
     try:
         step = next(op)
         while True:
-            if isinstance(step, Execute):
-                await cur.execute(step.query, step.params)
-                rows = await cur.fetchall() if cur.description is not None else []
+            try:
+                rows = await _run_step(cur, step)
+            except psycopg.errors.UniqueViolation as exc:
+                # The op may know what a duplicate means (an enqueue's retry whose lost
+                # attempt committed meanwhile); if not, it raises it again.
+                step = op.throw(exc)
             else:
-                assert isinstance(step, Copy)
-                async with cur.copy(step.query) as copy:
-                    for row in step.rows:
-                        await copy.write_row(row)
-                rows = []
-            step = op.send(rows)
+                step = op.send(rows)
     except StopIteration as stop:
         return cast(T, stop.value)
     finally:
@@ -339,11 +347,19 @@ class AsyncQueue(QueueBase):
         only the tasks they know) and ``meta`` travels with it (a trace context).
         """
         make = self._enqueue_op(
-            payload, queue, priority, run_at, max_attempts, idempotency_key, task, meta
+            payload,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_key,
+            task,
+            meta,
+            retryable=conn is None,
         )
-        job_id = await self._execute(
-            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
-        )
+        # Safe to send again after a lost reply: the key's unique index, or the id
+        # reserved first (see _ops.Reserved).
+        job_id = await self._execute(make, conn=conn, what="enqueue")
         return int(job_id)
 
     async def enqueue_many(
@@ -363,7 +379,9 @@ class AsyncQueue(QueueBase):
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
         )
-        ids = await self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        # Safe to send again after a lost reply: its ids are reserved first and a
+        # retry looks for them before sending (see _ops.Reserved).
+        ids = await self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
 
     # -- consumers -----------------------------------------------------------------------

@@ -263,6 +263,9 @@ class QueueBase:
         self._stmts = statements(settings.schema)
         self._counter_lock = threading.Lock()
         self._lease_lost = 0
+        # Job ids reserved by unkeyed enqueues for the next ones (see _ops.enqueue_one);
+        # list.pop and append are atomic, so callers on many threads may share it.
+        self._spare_ids: list[int] = []
 
     @property
     def schema(self) -> str:
@@ -290,12 +293,36 @@ class QueueBase:
         idempotency_key: str | None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        retryable: bool = True,
     ) -> MakeOp:
+        """One job.  ``retryable``: the driver may send it again after a lost reply.
+
+        A keyed insert is safe to repeat as it is (the unique index).  An unkeyed one
+        that may be repeated goes under an id reserved beforehand (``_ops.enqueue_one``:
+        by the previous enqueue's insert, so no extra round trip), so a retry can tell
+        whether the lost attempt committed; in the caller's transaction
+        (``retryable=False``) nothing is repeated, and the plain insert does.
+        """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
         meta_text = _meta_text(task, meta)
+        if idempotency_key is None and retryable:
+            held = _ops.Reserved()
+            return lambda after: _ops.enqueue_one(
+                self._stmts,
+                queue=queue,
+                payload=text,
+                priority=int(priority),
+                run_at=run_at,
+                max_attempts=max_attempts,
+                task=task,
+                meta=meta_text,
+                reserved=held,
+                spares=self._spare_ids,
+                retry=after,
+            )
         return lambda _after: _ops.enqueue(
             self._stmts,
             queue=queue,
@@ -319,6 +346,7 @@ class QueueBase:
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> MakeOp:
+        """Many jobs; the ids reserved by the first attempt are kept for the retries."""
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
@@ -334,7 +362,8 @@ class QueueBase:
                 if k is not None:
                     _check_key(k)
         keys = list(idempotency_keys) if idempotency_keys is not None else None
-        return lambda _after: _ops.enqueue_many(
+        held = _ops.Reserved()
+        return lambda after: _ops.enqueue_many(
             self._stmts,
             queue=queue,
             payloads=texts,
@@ -344,6 +373,8 @@ class QueueBase:
             keys=keys,
             task=task,
             meta=meta_text,
+            reserved=held,
+            retry=after,
         )
 
     def _claim_op(

@@ -43,22 +43,28 @@ __all__ = ["Queue", "run_op"]
 T = TypeVar("T")
 
 
+def _run_step(cur: psycopg.Cursor[Any], step: Execute | Copy) -> list[Any]:
+    if isinstance(step, Execute):
+        cur.execute(step.query, step.params)
+        return cur.fetchall() if cur.description is not None else []
+    with cur.copy(step.query) as copy:
+        for row in step.rows:
+            copy.write_row(row)
+    return []
+
+
 def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drive an I/O-free operation to completion on ``conn``."""
     cur = conn.cursor(row_factory=dict_row)
     try:
         step = next(op)
         while True:
-            if isinstance(step, Execute):
-                cur.execute(step.query, step.params)
-                rows = cur.fetchall() if cur.description is not None else []
+            try:
+                rows = _run_step(cur, step)
+            except psycopg.errors.UniqueViolation as exc:
+                step = op.throw(exc)
             else:
-                assert isinstance(step, Copy)
-                with cur.copy(step.query) as copy:
-                    for row in step.rows:
-                        copy.write_row(row)
-                rows = []
-            step = op.send(rows)
+                step = op.send(rows)
     except StopIteration as stop:
         return cast(T, stop.value)
     finally:
@@ -309,11 +315,17 @@ class Queue(QueueBase):
         only the tasks they know) and ``meta`` travels with it (a trace context).
         """
         make = self._enqueue_op(
-            payload, queue, priority, run_at, max_attempts, idempotency_key, task, meta
+            payload,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_key,
+            task,
+            meta,
+            retryable=conn is None,
         )
-        job_id = self._execute(
-            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
-        )
+        job_id = self._execute(make, conn=conn, what="enqueue")
         return int(job_id)
 
     def enqueue_many(
@@ -333,7 +345,7 @@ class Queue(QueueBase):
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
         )
-        ids = self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        ids = self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
 
     def claim(
