@@ -30,10 +30,11 @@ FILES = {"_aqueue.py": "_queue.py"}
 NAMES = {
     "AsyncQueue": "Queue",
     "arun_op": "run_op",
-    "_acheck_idle_connection": "_check_idle_connection",
+    "_areconnecting": "_reconnecting",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",
     "AsyncIterator": "Iterator",
+    "AsyncCursor": "Cursor",
     "asyncio": "time",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",

@@ -10,6 +10,7 @@ generated file is current.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from time import monotonic
@@ -30,6 +31,7 @@ from ._base import (
     backoff,
     give_up,
     idle_connection_suspect,
+    reconnect_delay,
     translate_error,
     unavailable,
 )
@@ -47,32 +49,64 @@ ASYNC: Final = True  # mypy: always_true; the sync copy keeps the else branches
 T = TypeVar("T")
 
 
+async def _run_step(cur: psycopg.AsyncCursor[Any], step: Execute | Copy) -> list[Any]:
+    if isinstance(step, Execute):
+        await cur.execute(step.query, step.params)
+        return await cur.fetchall() if cur.description is not None else []
+    async with cur.copy(step.query) as copy:
+        for row in step.rows:
+            await copy.write_row(row)
+    return []
+
+
 async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
     """Drive an I/O-free operation to completion on ``conn``."""
     cur = conn.cursor(row_factory=dict_row)
     try:
         step = next(op)
         while True:
-            if isinstance(step, Execute):
-                await cur.execute(step.query, step.params)
-                rows = await cur.fetchall() if cur.description is not None else []
+            try:
+                rows = await _run_step(cur, step)
+            except psycopg.errors.UniqueViolation as exc:
+                # The op may know what a duplicate means (an enqueue's retry whose lost
+                # attempt committed meanwhile); if not, it raises it again.
+                step = op.throw(exc)
             else:
-                assert isinstance(step, Copy)
-                async with cur.copy(step.query) as copy:
-                    for row in step.rows:
-                        await copy.write_row(row)
-                rows = []
-            step = op.send(rows)
+                step = op.send(rows)
     except StopIteration as stop:
         return cast(T, stop.value)
     finally:
         await cur.close()
 
 
-async def _acheck_idle_connection(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The pool's check: ping only a connection ``idle_connection_suspect`` flags."""
-    if idle_connection_suspect(conn):
-        await AsyncConnectionPool.check_connection(conn)
+def _areconnecting(closing: threading.Event) -> type[psycopg.AsyncConnection[Any]]:
+    """A connection class for the pool whose ``connect`` retries on the lanes' schedule.
+
+    psycopg_pool retries a failed connect after 1 s, then 2, 4, 8 s
+    (``AttemptWithBackoff.INITIAL_DELAY``, a class constant shared by every pool in the
+    process, so not ours to change): after a server restart a producer waited up to
+    ~5 s past the server's return.  ``connection_class`` is the pool's public hook
+    into how a connection is made, so the retrying happens inside ``connect``: at once,
+    then 25 ms doubling to 0.25 s (``reconnect_delay``), until it works or the queue
+    closes.  The pool's own backoff then never starts, and a caller waiting for a
+    connection gets the first one the server accepts.  A wrong password or database
+    still fails fast in ``open()``, which connects directly first.
+    """
+
+    class Reconnecting(psycopg.AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+            failures = 0
+            while True:
+                try:
+                    return await super().connect(conninfo, **kwargs)
+                except psycopg.OperationalError:
+                    failures += 1
+                    if closing.is_set():
+                        raise
+                    await asyncio.sleep(reconnect_delay(failures))
+
+    return Reconnecting
 
 
 class AsyncQueue(QueueBase):
@@ -175,14 +209,16 @@ class AsyncQueue(QueueBase):
             await conn.close()
         except psycopg.Error as exc:
             raise unavailable(exc, s, "connect") from None
+        self._closing = threading.Event()
         pool = AsyncConnectionPool(
             s.dsn,
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
-            check=_acheck_idle_connection if self._check else None,
-            # Retry with backoff while callers wait; 0 gives up after two immediate tries
-            # and leaves every waiting caller parked until its own timeout.
+            check=self._check_pooled if self._check else None,
+            connection_class=_areconnecting(self._closing),
+            # Only reached when a connect fails while the queue closes (_areconnecting
+            # retries until then); 0 would leave waiting callers parked.
             reconnect_timeout=300.0,
             name=f"skiplock-{s.application_name}",
             open=False,
@@ -190,7 +226,27 @@ class AsyncQueue(QueueBase):
         await pool.open(wait=False)
         self._pool = pool
 
+    async def _check_pooled(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The pool's check: ping only a connection ``idle_connection_suspect`` flags.
+
+        A connection the server cut while idle means its idle siblings were most likely
+        cut too (a restart, a failover).  The pool would find them one lend at a time
+        and sleep 1 s after the second (its check loop's backoff); ``pool.check()``
+        drops them all at once and starts their replacements, so the caller waits only
+        for the first new connection.
+        """
+        try:
+            if idle_connection_suspect(conn):
+                await AsyncConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            if isinstance(self._pool, AsyncConnectionPool):
+                await self._pool.check()
+            raise
+
     async def close(self) -> None:
+        closing: threading.Event | None = getattr(self, "_closing", None)
+        if closing is not None:
+            closing.set()  # the pool's connect retries stop, so its workers can exit
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -291,11 +347,19 @@ class AsyncQueue(QueueBase):
         only the tasks they know) and ``meta`` travels with it (a trace context).
         """
         make = self._enqueue_op(
-            payload, queue, priority, run_at, max_attempts, idempotency_key, task, meta
+            payload,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_key,
+            task,
+            meta,
+            retryable=conn is None,
         )
-        job_id = await self._execute(
-            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
-        )
+        # Safe to send again after a lost reply: the key's unique index, or the id
+        # reserved first (see _ops.Reserved).
+        job_id = await self._execute(make, conn=conn, what="enqueue")
         return int(job_id)
 
     async def enqueue_many(
@@ -315,7 +379,9 @@ class AsyncQueue(QueueBase):
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
         )
-        ids = await self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        # Safe to send again after a lost reply: its ids are reserved first and a
+        # retry looks for them before sending (see _ops.Reserved).
+        ids = await self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
 
     # -- consumers -----------------------------------------------------------------------

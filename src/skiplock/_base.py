@@ -29,7 +29,14 @@ from ._job import Job
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
 
-__all__ = ["ConnectionSource", "QueueBase", "QueueSettings", "backoff", "translate_error"]
+__all__ = [
+    "ConnectionSource",
+    "QueueBase",
+    "QueueSettings",
+    "backoff",
+    "reconnect_delay",
+    "translate_error",
+]
 
 MakeOp = Callable[[bool], Op[Any]]
 
@@ -87,6 +94,15 @@ class QueueSettings:
         elif not self.synchronous_commit:
             kwargs["options"] = "-c synchronous_commit=off"
         return kwargs
+
+
+def reconnect_delay(failures: int, cap: float = 0.25) -> float:
+    """Seconds before connect attempt ``failures + 1``: at once, then 25 ms doubling to
+    ``cap``, jittered.  Lanes and queue pools share it, so a producer is back as soon
+    as a worker is after the server returns."""
+    if failures <= 0:
+        return 0.0
+    return float(min(cap, 0.025 * 2 ** (failures - 1)) * random.uniform(0.5, 1.0))
 
 
 def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
@@ -247,6 +263,9 @@ class QueueBase:
         self._stmts = statements(settings.schema)
         self._counter_lock = threading.Lock()
         self._lease_lost = 0
+        # Job ids reserved by unkeyed enqueues for the next ones (see _ops.enqueue_one);
+        # list.pop and append are atomic, so callers on many threads may share it.
+        self._spare_ids: list[int] = []
 
     @property
     def schema(self) -> str:
@@ -274,12 +293,36 @@ class QueueBase:
         idempotency_key: str | None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        retryable: bool = True,
     ) -> MakeOp:
+        """One job.  ``retryable``: the driver may send it again after a lost reply.
+
+        A keyed insert is safe to repeat as it is (the unique index).  An unkeyed one
+        that may be repeated goes under an id reserved beforehand (``_ops.enqueue_one``:
+        by the previous enqueue's insert, so no extra round trip), so a retry can tell
+        whether the lost attempt committed; in the caller's transaction
+        (``retryable=False``) nothing is repeated, and the plain insert does.
+        """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
         meta_text = _meta_text(task, meta)
+        if idempotency_key is None and retryable:
+            held = _ops.Reserved()
+            return lambda after: _ops.enqueue_one(
+                self._stmts,
+                queue=queue,
+                payload=text,
+                priority=int(priority),
+                run_at=run_at,
+                max_attempts=max_attempts,
+                task=task,
+                meta=meta_text,
+                reserved=held,
+                spares=self._spare_ids,
+                retry=after,
+            )
         return lambda _after: _ops.enqueue(
             self._stmts,
             queue=queue,
@@ -303,6 +346,7 @@ class QueueBase:
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> MakeOp:
+        """Many jobs; the ids reserved by the first attempt are kept for the retries."""
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
@@ -318,7 +362,8 @@ class QueueBase:
                 if k is not None:
                     _check_key(k)
         keys = list(idempotency_keys) if idempotency_keys is not None else None
-        return lambda _after: _ops.enqueue_many(
+        held = _ops.Reserved()
+        return lambda after: _ops.enqueue_many(
             self._stmts,
             queue=queue,
             payloads=texts,
@@ -328,6 +373,8 @@ class QueueBase:
             keys=keys,
             task=task,
             meta=meta_text,
+            reserved=held,
+            retry=after,
         )
 
     def _claim_op(

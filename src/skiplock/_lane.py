@@ -11,7 +11,6 @@ once when its connection breaks, then after a short capped backoff with jitter
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from ._base import QueueSettings
+from ._base import QueueSettings, reconnect_delay
 
 __all__ = ["Lane"]
 
@@ -48,9 +47,7 @@ class Lane:
 
     def delay(self, failures: int) -> float:
         """Seconds before connect attempt ``failures + 1`` (0 for the first retry)."""
-        if failures <= 0:
-            return 0.0
-        return float(min(self.cap, 0.025 * 2 ** (failures - 1)) * random.uniform(0.5, 1.0))
+        return reconnect_delay(failures, self.cap)
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:

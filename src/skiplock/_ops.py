@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from psycopg import errors as pgerrors
 from psycopg import sql
 
 from ._errors import PayloadError, SkiplockError
@@ -28,6 +29,7 @@ __all__ = [
     "Execute",
     "FenceResult",
     "Op",
+    "Reserved",
     "claim",
     "encode_payload",
     "enqueue",
@@ -126,6 +128,21 @@ def enqueue(
     )
 
 
+@dataclass
+class Reserved:
+    """The ids an enqueue took from the sequence before sending, kept across its retries.
+
+    A retry after a lost reply looks for rows with these ids before sending again: the
+    rows of one statement commit together, so any of them present means the lost
+    attempt committed.  That turns "may or may not have committed" into a definite
+    answer without an idempotency key.  (One case it cannot tell: after a failover that
+    lost the old primary's last WAL, the new primary may hand the same ids to another
+    producer before our retry looks; idempotency keys have no such gap.)
+    """
+
+    ids: list[int] | None = None
+
+
 def enqueue_many(
     stmts: Statements,
     *,
@@ -137,55 +154,185 @@ def enqueue_many(
     keys: Sequence[str | None] | None,
     task: str | None = None,
     meta: str | None = None,
+    reserved: Reserved | None = None,
+    retry: bool = False,
+    copy: bool = True,
 ) -> Op[list[int]]:
+    """Insert ``payloads`` with ids reserved first; see ``Reserved`` for the retry.
+
+    ``retry``: an earlier attempt with the same ``reserved`` may have committed unseen.
+    ``copy``: send unkeyed rows with COPY (one statement, but an extra round trip to
+    start it: worth it for a batch, not for one row).
+    """
     n = len(payloads)
     if n == 0:
         return []
-    rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
-    ids = [int(r["nextval"]) for r in rows]
-    if keys is None or all(k is None for k in keys):
-        if run_at is None:
-            yield Copy(
-                stmts.copy_jobs,
-                [
-                    (i, queue, p, priority, max_attempts, task, meta)
-                    for i, p in zip(ids, payloads, strict=True)
-                ],
-            )
-        else:
-            yield Copy(
-                stmts.copy_jobs_at,
-                [
-                    (i, queue, p, priority, max_attempts, task, meta, run_at)
-                    for i, p in zip(ids, payloads, strict=True)
-                ],
-            )
-        return ids
-    if len(keys) != n:
+    if keys is not None and len(keys) != n:
         raise ValueError(f"{n} payloads but {len(keys)} idempotency keys")
-    rows = yield Execute(
-        stmts.enqueue_rows,
-        {
-            "ids": ids,
-            "queues": [queue] * n,
-            "payloads": list(payloads),
-            "priorities": [priority] * n,
-            "run_ats": [run_at] * n,
-            "max_attempts": [max_attempts] * n,
-            "keys": list(keys),
+    row_keys: list[str | None] = list(keys) if keys is not None else [None] * n
+    held = reserved if reserved is not None else Reserved()
+    for _ in range(3):
+        if held.ids is None:
+            rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
+            held.ids = [int(r["nextval"]) for r in rows]
+        elif retry:
+            present = yield from _present(stmts, held.ids, queue)
+            if present:
+                return (yield from _resolve(stmts, queue, held.ids, row_keys, present))
+        ids = held.ids
+        try:
+            if copy and all(k is None for k in row_keys):
+                yield _copy_step(
+                    stmts, ids, queue, payloads, priority, max_attempts, task, meta, run_at
+                )
+                return ids
+            rows = yield Execute(
+                stmts.enqueue_rows,
+                {
+                    "ids": ids,
+                    "queues": [queue] * n,
+                    "payloads": list(payloads),
+                    "priorities": [priority] * n,
+                    "run_ats": [run_at] * n,
+                    "max_attempts": [max_attempts] * n,
+                    "keys": row_keys,
+                    "task": task,
+                    "meta": meta,
+                },
+            )
+        except pgerrors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "jobs_pkey":
+                raise
+            present = yield from _taken(stmts, ids, queue, retry)
+            if present:
+                return (yield from _resolve(stmts, queue, ids, row_keys, present))
+            held.ids = None
+            continue
+        return (yield from _resolve(stmts, queue, ids, row_keys, {int(r["id"]) for r in rows}))
+    raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+def enqueue_one(
+    stmts: Statements,
+    *,
+    queue: str,
+    payload: str,
+    priority: int,
+    run_at: datetime | None,
+    max_attempts: int,
+    task: str | None,
+    meta: str | None,
+    reserved: Reserved,
+    spares: list[int],
+    retry: bool = False,
+) -> Op[int]:
+    """One unkeyed job under a reserved id, in one round trip once ``spares`` has one.
+
+    ``spares``: ids reserved by earlier inserts (each returns the next), shared by a
+    queue's callers.  A spare is at most one enqueue old, so ids stay close to commit
+    order.  Retries work as in ``enqueue_many``.
+    """
+    for _ in range(3):
+        if reserved.ids is None:
+            try:
+                reserved.ids = [spares.pop()]
+            except IndexError:
+                rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": 1})
+                reserved.ids = [int(rows[0]["nextval"])]
+        elif retry and (yield from _present(stmts, reserved.ids, queue)):
+            return reserved.ids[0]
+        job_id = reserved.ids[0]
+        params = {
+            "id": job_id,
+            "queue": queue,
+            "payload": payload,
+            "priority": priority,
+            "run_at": run_at,
+            "max_attempts": max_attempts,
             "task": task,
             "meta": meta,
-        },
+            "schema": stmts.schema,
+        }
+        try:
+            rows = yield Execute(stmts.enqueue_one, params)
+        except pgerrors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "jobs_pkey":
+                raise
+            if (yield from _taken(stmts, reserved.ids, queue, retry)):
+                return job_id
+            reserved.ids = None
+            continue
+        spares.append(int(rows[0]["spare"]))
+        return job_id
+    raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+def _taken(stmts: Statements, ids: Sequence[int], queue: str, retry: bool) -> Op[set[int]]:
+    """After a duplicate id: our ids that hold our rows (empty: take new ids).
+
+    On a retry, our lost attempt may have been still running when we looked and have
+    committed since (the primary key made this send wait for it).  Otherwise, or if
+    the rows are not ours, the ids were handed out twice: after a failover that lost
+    the old primary's last WAL the sequence went back (or a spare from before it).
+    """
+    if not retry:
+        return set()
+    return (yield from _present(stmts, ids, queue))
+
+
+def _copy_step(
+    stmts: Statements,
+    ids: Sequence[int],
+    queue: str,
+    payloads: Sequence[str],
+    priority: int,
+    max_attempts: int,
+    task: str | None,
+    meta: str | None,
+    run_at: datetime | None,
+) -> Copy:
+    if run_at is None:
+        return Copy(
+            stmts.copy_jobs,
+            [
+                (i, queue, p, priority, max_attempts, task, meta)
+                for i, p in zip(ids, payloads, strict=True)
+            ],
+        )
+    return Copy(
+        stmts.copy_jobs_at,
+        [
+            (i, queue, p, priority, max_attempts, task, meta, run_at)
+            for i, p in zip(ids, payloads, strict=True)
+        ],
     )
-    inserted = {int(r["id"]) for r in rows}
-    skipped = [k for i, k in zip(ids, keys, strict=True) if i not in inserted]
-    if not skipped:
-        return ids
-    rows = yield Execute(stmts.find_by_keys, {"queues": [queue] * len(skipped), "keys": skipped})
-    existing = {r["idempotency_key"]: int(r["id"]) for r in rows}
+
+
+def _present(stmts: Statements, ids: Sequence[int], queue: str) -> Op[set[int]]:
+    """Which of our reserved ids hold rows of our queue."""
+    rows = yield Execute(stmts.enqueued_ids, {"ids": list(ids), "queue": queue})
+    return {int(r["id"]) for r in rows}
+
+
+def _resolve(
+    stmts: Statements,
+    queue: str,
+    ids: Sequence[int],
+    keys: Sequence[str | None],
+    inserted: set[int],
+) -> Op[list[int]]:
+    """Each row's job id: its own if inserted, else the id of the row holding its key."""
+    skipped = [k for i, k in zip(ids, keys, strict=True) if i not in inserted and k is not None]
+    existing: dict[str, int] = {}
+    if skipped:
+        rows = yield Execute(
+            stmts.find_by_keys, {"queues": [queue] * len(skipped), "keys": skipped}
+        )
+        existing = {r["idempotency_key"]: int(r["id"]) for r in rows}
     out: list[int] = []
     for i, k in zip(ids, keys, strict=True):
-        if i in inserted:
+        if i in inserted or k is None:
+            # An unkeyed row missing from a committed statement was deleted since.
             out.append(i)
         elif k in existing:
             out.append(existing[k])

@@ -6,6 +6,7 @@ Read and change _aqueue.py, the commented source, then regenerate.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -27,6 +28,7 @@ from ._base import (
     backoff,
     give_up,
     idle_connection_suspect,
+    reconnect_delay,
     translate_error,
     unavailable,
 )
@@ -41,32 +43,62 @@ __all__ = ["Queue", "run_op"]
 T = TypeVar("T")
 
 
+def _run_step(cur: psycopg.Cursor[Any], step: Execute | Copy) -> list[Any]:
+    if isinstance(step, Execute):
+        cur.execute(step.query, step.params)
+        return cur.fetchall() if cur.description is not None else []
+    with cur.copy(step.query) as copy:
+        for row in step.rows:
+            copy.write_row(row)
+    return []
+
+
 def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
     """Drive an I/O-free operation to completion on ``conn``."""
     cur = conn.cursor(row_factory=dict_row)
     try:
         step = next(op)
         while True:
-            if isinstance(step, Execute):
-                cur.execute(step.query, step.params)
-                rows = cur.fetchall() if cur.description is not None else []
+            try:
+                rows = _run_step(cur, step)
+            except psycopg.errors.UniqueViolation as exc:
+                step = op.throw(exc)
             else:
-                assert isinstance(step, Copy)
-                with cur.copy(step.query) as copy:
-                    for row in step.rows:
-                        copy.write_row(row)
-                rows = []
-            step = op.send(rows)
+                step = op.send(rows)
     except StopIteration as stop:
         return cast(T, stop.value)
     finally:
         cur.close()
 
 
-def _check_idle_connection(conn: psycopg.Connection[Any]) -> None:
-    """The pool's check: ping only a connection ``idle_connection_suspect`` flags."""
-    if idle_connection_suspect(conn):
-        ConnectionPool.check_connection(conn)
+def _reconnecting(closing: threading.Event) -> type[psycopg.Connection[Any]]:
+    """A connection class for the pool whose ``connect`` retries on the lanes' schedule.
+
+    psycopg_pool retries a failed connect after 1 s, then 2, 4, 8 s
+    (``AttemptWithBackoff.INITIAL_DELAY``, a class constant shared by every pool in the
+    process, so not ours to change): after a server restart a producer waited up to
+    ~5 s past the server's return.  ``connection_class`` is the pool's public hook
+    into how a connection is made, so the retrying happens inside ``connect``: at once,
+    then 25 ms doubling to 0.25 s (``reconnect_delay``), until it works or the queue
+    closes.  The pool's own backoff then never starts, and a caller waiting for a
+    connection gets the first one the server accepts.  A wrong password or database
+    still fails fast in ``open()``, which connects directly first.
+    """
+
+    class Reconnecting(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+            failures = 0
+            while True:
+                try:
+                    return super().connect(conninfo, **kwargs)
+                except psycopg.OperationalError:
+                    failures += 1
+                    if closing.is_set():
+                        raise
+                    time.sleep(reconnect_delay(failures))
+
+    return Reconnecting
 
 
 class Queue(QueueBase):
@@ -160,12 +192,14 @@ class Queue(QueueBase):
             conn.close()
         except psycopg.Error as exc:
             raise unavailable(exc, s, "connect") from None
+        self._closing = threading.Event()
         pool = ConnectionPool(
             s.dsn,
             min_size=self._min_size,
             max_size=self._max_size,
             kwargs=s.connect_kwargs(),
-            check=_check_idle_connection if self._check else None,
+            check=self._check_pooled if self._check else None,
+            connection_class=_reconnecting(self._closing),
             reconnect_timeout=300.0,
             name=f"skiplock-{s.application_name}",
             open=False,
@@ -173,7 +207,27 @@ class Queue(QueueBase):
         pool.open(wait=False)
         self._pool = pool
 
+    def _check_pooled(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's check: ping only a connection ``idle_connection_suspect`` flags.
+
+        A connection the server cut while idle means its idle siblings were most likely
+        cut too (a restart, a failover).  The pool would find them one lend at a time
+        and sleep 1 s after the second (its check loop's backoff); ``pool.check()``
+        drops them all at once and starts their replacements, so the caller waits only
+        for the first new connection.
+        """
+        try:
+            if idle_connection_suspect(conn):
+                ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            if isinstance(self._pool, ConnectionPool):
+                self._pool.check()
+            raise
+
     def close(self) -> None:
+        closing: threading.Event | None = getattr(self, "_closing", None)
+        if closing is not None:
+            closing.set()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -261,11 +315,17 @@ class Queue(QueueBase):
         only the tasks they know) and ``meta`` travels with it (a trace context).
         """
         make = self._enqueue_op(
-            payload, queue, priority, run_at, max_attempts, idempotency_key, task, meta
+            payload,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_key,
+            task,
+            meta,
+            retryable=conn is None,
         )
-        job_id = self._execute(
-            make, conn=conn, idempotent=idempotency_key is not None, what="enqueue"
-        )
+        job_id = self._execute(make, conn=conn, what="enqueue")
         return int(job_id)
 
     def enqueue_many(
@@ -285,7 +345,7 @@ class Queue(QueueBase):
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
         )
-        ids = self._execute(make, conn=conn, idempotent=False, what="enqueue_many")
+        ids = self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
 
     def claim(

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from skiplock import DatabaseUnavailable, LeaseLost, Queue, Worker
 from skiplock.chaos import ChaosProxy, proxied_dsn, upstream_of
@@ -78,6 +79,53 @@ def test_queue_retry_of_a_committed_completion_is_lease_lost_by_contract(
                 one_try.complete(job)
         finally:
             one_try.close()
+
+
+def test_an_enqueue_without_a_key_whose_reply_is_lost_is_retried_once(
+    dsn: str, queue: Queue
+) -> None:
+    """The insert commits, its reply is lost, the connection breaks: the retry must find
+    the row under the id it reserved and return it, not insert it again nor say "may or
+    may not have committed".  (enqueue_many's reservation is a round trip of its own,
+    which a swallowing proxy would stall: test_queue.py drives its retry directly.)"""
+    with ChaosProxy(upstream_of(dsn)) as proxy:
+        q = Queue(proxied_dsn(dsn, proxy.port), schema=queue.schema, max_size=1)
+        try:
+            q.enqueue({"warm": 1})  # the next id is reserved now: no round trip of its own
+            before = _count(queue)
+            n = 1
+            out: list[Any] = []
+
+            def send() -> None:
+                try:
+                    payloads = [{"lost": i} for i in range(n)]
+                    out.append([q.enqueue(payloads[0])])
+                except BaseException as exc:
+                    out.append(exc)
+
+            assert proxy.swallow() >= 1
+            t = threading.Thread(target=send)
+            t.start()
+            _wait(lambda: _count(queue) == before + n, "the insert to commit unseen")
+            proxy.reset()
+            t.join(20)
+            [ids] = out
+            assert isinstance(ids, list), ids
+            assert _count(queue) == before + n  # not sent twice
+            for i, job_id in enumerate(ids):
+                job = queue.get(job_id)
+                assert job is not None and job.payload == {"lost": i}
+        finally:
+            q.close()
+
+
+def _count(q: Queue) -> int:
+    with q.connection() as c:
+        row = c.execute(
+            sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(q.schema))
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_worker_does_not_report_a_committed_completion_as_lease_lost(

@@ -44,6 +44,11 @@ def restarts_every_5s(fault_seconds: float) -> dict[str, Any]:
     assert firsts and None not in firsts, firsts
     # Back within a fraction of the lease (the lanes retry every <= 0.25 s).
     assert max(firsts) < 1.0, firsts
+    # Producers too: their pools reconnect on the same schedule (psycopg_pool's own
+    # would wait 1, 2, 4 s), and an enqueue cut mid-statement is retried, not failed.
+    enqueues = j["back_to_enqueue"]
+    assert enqueues and None not in enqueues, enqueues
+    assert max(enqueues) < 1.0, enqueues
     return j
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from skiplock import (
     Queue,
     UnknownJob,
 )
+from skiplock._queue import run_op
 
 
 def row(admin: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any]:
@@ -482,3 +484,58 @@ def test_two_attempts_of_one_job_are_told_apart(
     assert beat.row(new) is not None and beat.row(old) is None and beat.lost == [job_id]
     done = queue.complete_many([old, new])
     assert done.row(new) is not None and done.row(old) is None and done.lost == [job_id]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["copy", "keys"])
+def test_enqueue_many_retry_after_a_lost_reply_returns_the_committed_ids(
+    queue: Queue, keyed: bool
+) -> None:
+    """A retry of enqueue_many (same reserved ids) after an attempt that committed but
+    whose reply was lost answers with the committed ids and inserts nothing more."""
+    keys = ["a", None, "c"] if keyed else None
+    make = queue._enqueue_many_op([{"n": i} for i in range(3)], "default", 0, None, 5, keys)
+    with queue.connection() as conn:
+        first = run_op(conn, make(False))  # committed; pretend the reply never came
+        again = run_op(conn, make(True))
+    assert again == first
+    assert _jobs(queue) == 3
+
+
+def test_enqueue_many_retry_waits_for_a_lost_attempt_still_running(queue: Queue, dsn: str) -> None:
+    """The lost attempt has not committed yet when the retry looks: the retry's insert
+    waits on the primary key and, once the first commits, returns its ids."""
+    make = queue._enqueue_many_op([{"n": i} for i in range(3)], "default", 0, None, 5, None)
+    with psycopg.connect(dsn) as slow:  # not autocommit: the first attempt stays open
+        first = run_op(slow, make(False))
+        out: list[object] = []
+        with queue.connection() as conn:
+            t = threading.Thread(target=lambda: out.append(run_op(conn, make(True))))
+            t.start()
+            time.sleep(0.3)
+            assert t.is_alive()  # waiting for the first attempt's rows
+            slow.commit()
+            t.join(10)
+    assert out == [first]
+    assert _jobs(queue) == 3
+
+
+def test_enqueue_many_retry_sends_again_when_the_lost_attempt_did_not_commit(
+    queue: Queue, dsn: str
+) -> None:
+    make = queue._enqueue_many_op([{"n": i} for i in range(3)], "default", 0, None, 5, None)
+    with psycopg.connect(dsn) as aborted:
+        first = run_op(aborted, make(False))
+        aborted.rollback()
+    with queue.connection() as conn:
+        again = run_op(conn, make(True))
+    assert again == first  # the same reserved ids, now committed
+    assert _jobs(queue) == 3
+
+
+def _jobs(q: Queue) -> int:
+    with q.connection() as conn:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(q.schema))
+        ).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -22,6 +22,8 @@ PRODUCER = {
     "enqueue",
     "enqueue_rows",
     "find_by_keys",
+    "enqueued_ids",
+    "enqueue_one",
     "reserve_ids",
     "copy_jobs",
     "copy_jobs_at",

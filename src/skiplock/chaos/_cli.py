@@ -19,7 +19,8 @@ __all__ = ["chaos"]
 def _faults(value: str) -> tuple[str, ...]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     if names == ["all"]:
-        return FAULTS
+        # failover needs a primary and standby of its own, the rest a single server.
+        return tuple(f for f in FAULTS if f != "failover")
     if names == ["none"]:
         return ()
     unknown = [n for n in names if n not in FAULTS]
@@ -71,8 +72,12 @@ def render(j: dict[str, Any]) -> None:
         ("  causes", causes or "-"),
         ("duplicated completions", j["duplicated_completions"]),
         ("worker commits", "synchronous" if j["synchronous_commit"] else "asynchronous"),
-        ("re-executed after a crash", j["reexecuted_after_crash"]),
-        ("  acknowledged completions a crash took back", j["completions_lost_in_crash"]),
+        ("replication (failover)", j["replication"] or "-"),
+        ("re-executed after a crash or failover", j["reexecuted_after_crash"]),
+        (
+            "  acknowledged completions a crash or failover took back",
+            j["completions_lost_in_crash"],
+        ),
         ("LeaseLost rejections", j["lease_lost_rejections"]),
         ("  rejected writes that had committed", j["lease_lost_violations"]),
         ("completions found only in the final read", j["unlogged_completions"]),
@@ -82,6 +87,7 @@ def render(j: dict[str, Any]) -> None:
         ("worker exits (crashes)", j["worker_exits"]),
         ("server back -> first claim (s)", _spread(j["back_to_claim"])),
         ("server back -> every worker claims (s)", _spread(j["back_to_claim_every_worker"])),
+        ("server back -> first enqueue (s)", _spread(j["back_to_enqueue"])),
         ("leases lapsed unreached (workers' count)", j["worker_stats"].get("leases_lapsed", "-")),
         ("worker reconnects", j["worker_stats"].get("reconnects", "-")),
     ]
@@ -142,6 +148,13 @@ def _triple(j: dict[str, Any]) -> str:
     help="Workers' commit mode (default: the Worker's own default).",
 )
 @click.option(
+    "--sync-replication/--async-replication",
+    "sync_replication",
+    default=True,
+    show_default=True,
+    help="failover: the primary waits for the standby before acknowledging a commit.",
+)
+@click.option(
     "--restart-every",
     default=None,
     type=float,
@@ -166,6 +179,7 @@ def chaos(
     concurrency: int,
     fault_interval: float,
     synchronous_commit: bool | None,
+    sync_replication: bool,
     restart_every: float | None,
     seed: int | None,
     keep_history: str | None,
@@ -191,6 +205,7 @@ def chaos(
         keep_history=keep_history,
         synchronous_commit=synchronous_commit,
         restart_every=restart_every,
+        sync_replication=sync_replication,
     )
 
     def progress(msg: str) -> None:

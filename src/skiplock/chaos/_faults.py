@@ -28,6 +28,7 @@ from psycopg import sql
 from ._cluster import ScratchCluster
 from ._history import HistoryWriter
 from ._proxy import ChaosProxy
+from ._replicated import ReplicatedCluster
 
 __all__ = [
     "FAULTS",
@@ -43,11 +44,23 @@ __all__ = [
 
 # Families that fire repeatedly during the fault phase, and those that hold a condition
 # for the whole phase.
-REPEATED = ("kill", "pause", "terminate", "restart", "crash", "maxconn", "readonly", "proxy")
+REPEATED = (
+    "kill",
+    "pause",
+    "terminate",
+    "restart",
+    "crash",
+    "maxconn",
+    "readonly",
+    "proxy",
+    "failover",
+)
 HELD = ("handlers", "exhaust", "longtx")
 FAULTS = REPEATED + HELD
 # Faults done only to a cluster the run starts itself, never to a server it is given.
 SCRATCH_ONLY = ("restart", "crash", "exhaust", "maxconn", "readonly")
+# Done to a primary and standby the run starts itself (ReplicatedCluster).
+REPLICATED_ONLY = ("failover",)
 
 
 def wait_until(
@@ -97,6 +110,7 @@ class FaultContext:
     history: HistoryWriter
     proxy: ChaosProxy | None = None
     cluster: ScratchCluster | None = None
+    replicated: ReplicatedCluster | None = None
     rng: random.Random = field(default_factory=random.Random)
     stop: threading.Event = field(default_factory=threading.Event)
     markers: int = 0
@@ -295,6 +309,39 @@ def crash(ctx: FaultContext) -> bool:
     return True
 
 
+def failover(ctx: FaultContext) -> bool:
+    """Kill the primary (``pg_ctl stop -m immediate``) under load and promote the standby.
+
+    Producers and workers hold a multi-host DSN with ``target_session_attrs=read-write``:
+    their next connection skips the dead primary (and the standby until it is promoted)
+    and lands on the new primary, with no restart.  Once per run: there is no second
+    standby to fail over to.
+    """
+    if ctx.replicated is None:
+        raise RuntimeError("failover needs the run's own primary and standby")
+    if ctx.replicated.failed_over:
+        return False
+    if not ctx.holders():
+        return False  # wait until jobs are running: the failover should cut them
+    t = time.time()
+    with ctx._lock:
+        if ctx._conn is not None:
+            with contextlib.suppress(Exception):
+                ctx._conn.close()
+            ctx._conn = None
+    killed, promoted = ctx.replicated.failover()
+    ctx.record(
+        "failover",
+        t=t,
+        killed=killed,
+        back=promoted,
+        down=round(promoted - t, 3),
+        sync=ctx.replicated.sync,
+    )
+    _markers(ctx, "failover")
+    return True
+
+
 def maxconn(ctx: FaultContext) -> bool:
     """Take every connection slot of the scratch cluster, cut a third of the workers'
     connections, and keep the slots full for a while: those workers must wait for a
@@ -395,6 +442,7 @@ _INJECTORS: dict[str, Callable[[FaultContext], bool]] = {
     "maxconn": maxconn,
     "readonly": readonly,
     "proxy": proxy,
+    "failover": failover,
 }
 
 

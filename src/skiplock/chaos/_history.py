@@ -51,7 +51,7 @@ ALLOWED_CAUSES = frozenset({"killed", "paused", "crash"})
 _HANDED_BACK = frozenset({"retried"})
 _ENDINGS = frozenset({"completed", "retried", "failed", "released", "timed_out", "lease_lost"})
 # Faults that take the database or the path to it away from a living worker.
-_OUTAGES = ("crash", "restart", "maxconn", "readonly", "exhaust", "proxy", "terminate")
+_OUTAGES = ("failover", "crash", "restart", "maxconn", "readonly", "exhaust", "proxy", "terminate")
 
 
 class HistoryWriter:
@@ -157,6 +157,9 @@ class CheckResult:
     # any worker, and to the moment every worker that was claiming before had claimed.
     back_to_claim: list[float | None] = field(default_factory=list)
     back_to_claim_all: list[float | None] = field(default_factory=list)
+    # Per restart, crash or failover: seconds from the server being back (the standby
+    # promoted) to the first enqueue a producer saw acknowledged.
+    back_to_enqueue: list[float | None] = field(default_factory=list)
     # Summed counters of the workers that exited cleanly (killed ones write none).
     worker_stats: dict[str, int] = field(default_factory=dict)
     lease_lost_rejections: int = 0
@@ -236,10 +239,13 @@ def check(
     completions: dict[str, list[tuple[str, str, float | None]]] = defaultdict(list)
     lease_lost: list[tuple[str, str]] = []
     claims: list[tuple[float, str]] = []
+    produced: list[float] = []  # producers' acknowledged enqueues (not the markers)
     for r in recs:
         ev, t = r.get("ev"), float(r.get("t", 0.0))
         if ev == "claimed":
             claims.append((t, str(r.get("w"))))
+        if ev == "enqueue" and r.get("ph") == "ok" and r.get("p") is not None:
+            produced.append(t)
         if ev == "proc" and r.get("what") == "stats":
             for k, n in {**r.get("stats", {}), "reconnects": r.get("reconnects", 0)}.items():
                 res.worker_stats[k] = res.worker_stats.get(k, 0) + int(n)
@@ -285,13 +291,15 @@ def check(
             if kind == "completed":
                 res.unlogged_completions += 1
 
-    # A crash spans its record's time (just before the shutdown) to the server's return.
+    # A crash spans its record's time (just before the shutdown) to the server's return;
+    # a failover, the primary's kill to the standby's promotion.  Either can take back
+    # commits already acknowledged (asynchronous commit; asynchronous replication).
     crashes = sorted(
         (float(f["t"]), float(f["t"]) + float(f.get("down") or 0.0))
         for f in faults
-        if f.get("f") == "crash"
+        if f.get("f") in ("crash", "failover")
     )
-    res.crashes = len(crashes)
+    res.crashes = sum(1 for f in faults if f.get("f") == "crash")
     seen_values = set(by_value) | set(rows) | set(completions)
     for v in sorted(seen_values):
         done = [c for c in completions[v] if c[1] == "completed"]
@@ -330,14 +338,18 @@ def check(
     pauses = [f for f in faults if f.get("f") == "pause"]
     res.kills, res.pauses = len(kills), len(pauses)
     res.duplicated_executions = _duplicates(by_value, faults, allowed_causes)
-    res.reexecuted_after_crash = sum(1 for d in res.duplicated_executions if d.cause == "crash")
+    res.reexecuted_after_crash = sum(
+        1 for d in res.duplicated_executions if d.cause in ("crash", "failover")
+    )
     res.recovery_seconds = [_recovery(k, attempts, by_value) for k in kills]
     res.throughput = _throughput(phases, completions)
     for f in faults:
-        if f.get("f") in ("restart", "crash"):
+        if f.get("f") in ("restart", "crash", "failover"):
             first, every = _back_to_claim(f, claims)
             res.back_to_claim.append(first)
             res.back_to_claim_all.append(every)
+            back = _back(f)
+            res.back_to_enqueue.append(min((t - back for t in produced if t >= back), default=None))
 
     for v, tok in lease_lost:
         # A rejected write must change nothing: the attempt that was told "lease lost"
@@ -474,7 +486,7 @@ def _back_to_claim(
     """Seconds from the server's return to the first claim, and to the last worker's
     first claim (among workers that claimed in the 10 s before the fault)."""
     t0 = float(fault["t"])
-    back = float(fault.get("back") or t0 + float(fault.get("down") or 0.0))
+    back = _back(fault)
     before = {w for t, w in claims if t0 - 10.0 <= t < t0}
     firsts: dict[str, float] = {}
     for t, w in claims:
@@ -484,6 +496,12 @@ def _back_to_claim(
     waited = [firsts.get(w) for w in before]
     every = None if not waited or None in waited else max(x for x in waited if x is not None)
     return first, every
+
+
+def _back(fault: Record) -> float:
+    """When the server was back (a restart's or crash's return, a standby's promotion)."""
+    t0 = float(fault["t"])
+    return float(fault.get("back") or t0 + float(fault.get("down") or 0.0))
 
 
 def _throughput(

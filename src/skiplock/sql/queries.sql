@@ -317,6 +317,20 @@ WHERE (queue, idempotency_key) IN (SELECT * FROM unnest(%(queues)s::text[], %(ke
 SELECT nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id'))
 FROM generate_series(1, %(n)s);
 
+-- name: enqueue_one
+-- An unkeyed enqueue under an id reserved beforehand (so a retry after a lost reply can
+-- look for it), which also reserves the id of the next one: the reservation costs no
+-- round trip of its own after a queue's first enqueue.
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta)
+VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
+        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+RETURNING id, nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) AS spare;
+
+-- name: enqueued_ids
+-- After a lost reply: which of the reserved ids hold rows now (the rows of one statement
+-- commit together).  Only id and queue: a producer role may not read payloads.
+SELECT id FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) AND queue = %(queue)s;
+
 -- name: copy_jobs
 COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta)
 FROM STDIN;
