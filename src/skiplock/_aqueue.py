@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar, cast
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -298,7 +299,15 @@ class AsyncQueue(QueueBase):
             try:
                 async with self.connection() as c:
                     sent = True
-                    return await arun_op(c, make_op(attempt > 0))
+                    try:
+                        return await arun_op(c, make_op(attempt > 0))
+                    except pgerrors.ReadOnlySqlTransaction:
+                        # A demoted primary or a read-only server: this connection is
+                        # closed (the pool or the lane makes a new one), so that with a
+                        # multi-host DSN and target_session_attrs=read-write the retry
+                        # lands on the server that takes writes, not on this one again.
+                        await c.close()
+                        raise
             except (PoolTimeout, psycopg.Error) as exc:
                 attempt += 1
                 fatal = give_up(

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg.rows import dict_row
 
 from ._base import QueueSettings
@@ -89,12 +90,18 @@ class Liveness:
         at its next turn (the lane reconnects at once, then on a short backoff).
         """
         with self._lane.connection() as conn:
-            if conn is not self._marked_on:
-                self._mark(conn)
-            cur = conn.cursor(row_factory=dict_row)
-            rows = cur.execute(
-                self._stmts.sweep_dead, {"grace": self.grace, "limit": 1000}
-            ).fetchall()
+            try:
+                if conn is not self._marked_on:
+                    self._mark(conn)
+                cur = conn.cursor(row_factory=dict_row)
+                rows = cur.execute(
+                    self._stmts.sweep_dead, {"grace": self.grace, "limit": 1000}
+                ).fetchall()
+            except pgerrors.ReadOnlySqlTransaction:
+                # A demoted primary: a new connection finds the one that takes writes
+                # (target_session_attrs=read-write), and marks there.
+                conn.close()
+                raise
         return len(rows)
 
     def _mark(self, conn: psycopg.Connection[Any]) -> None:

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg import errors as pgerrors
 from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -270,7 +271,11 @@ class Queue(QueueBase):
             try:
                 with self.connection() as c:
                     sent = True
-                    return run_op(c, make_op(attempt > 0))
+                    try:
+                        return run_op(c, make_op(attempt > 0))
+                    except pgerrors.ReadOnlySqlTransaction:
+                        c.close()
+                        raise
             except (PoolTimeout, psycopg.Error) as exc:
                 attempt += 1
                 fatal = give_up(
