@@ -265,7 +265,7 @@ class QueueBase:
         self._lease_lost = 0
         # Job ids reserved by unkeyed enqueues for the next ones (see _ops.enqueue_one);
         # list.pop and append are atomic, so callers on many threads may share it.
-        self._spare_ids: list[int] = []
+        self._spare_ids: list[tuple[int, float]] = []
 
     @property
     def schema(self) -> str:
@@ -308,6 +308,10 @@ class QueueBase:
         if idempotency_key is not None:
             _check_key(idempotency_key)
         meta_text = _meta_text(task, meta)
+        if idempotency_key is not None:
+            # This insert takes a newer id than the spare: a later unkeyed enqueue must
+            # not go under an older one (one producer's ids follow its enqueues).
+            self._spare_ids.clear()
         if idempotency_key is None and retryable:
             held = _ops.Reserved()
             return lambda after: _ops.enqueue_one(
@@ -348,6 +352,7 @@ class QueueBase:
     ) -> MakeOp:
         """Many jobs; the ids reserved by the first attempt are kept for the retries."""
         _check_enqueue_options(queue, priority, run_at, max_attempts)
+        self._spare_ids.clear()  # as for a keyed enqueue: ids follow the enqueues
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.

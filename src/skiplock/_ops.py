@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -223,20 +224,24 @@ def enqueue_one(
     task: str | None,
     meta: str | None,
     reserved: Reserved,
-    spares: list[int],
+    spares: list[tuple[int, float]],
     retry: bool = False,
 ) -> Op[int]:
     """One unkeyed job under a reserved id, in one round trip once ``spares`` has one.
 
-    ``spares``: ids reserved by earlier inserts (each returns the next), shared by a
-    queue's callers.  A spare is at most one enqueue old, so ids stay close to commit
-    order.  Retries work as in ``enqueue_many``.
+    ``spares``: (id, monotonic time) reserved by earlier inserts (each returns the
+    next), shared by a queue's callers.  A spare is used only if no other enqueue of
+    this queue took ids since (they clear it) and it is under ``SPARE_MAX_AGE`` old, so
+    one producer's ids keep the order of its enqueues and stay close to commit order
+    (an unused spare is a gap in the ids, as a rolled-back insert leaves).  Retries
+    work as in ``enqueue_many``.
     """
     for _ in range(3):
         if reserved.ids is None:
-            try:
-                reserved.ids = [spares.pop()]
-            except IndexError:
+            spare = _fresh_spare(spares)
+            if spare is not None:
+                reserved.ids = [spare]
+            else:
                 rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": 1})
                 reserved.ids = [int(rows[0]["nextval"])]
         elif retry and (yield from _present(stmts, reserved.ids, queue)):
@@ -262,9 +267,22 @@ def enqueue_one(
                 return job_id
             reserved.ids = None
             continue
-        spares.append(int(rows[0]["spare"]))
+        spares.append((int(rows[0]["spare"]), time.monotonic()))
         return job_id
     raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+SPARE_MAX_AGE = 1.0
+
+
+def _fresh_spare(spares: list[tuple[int, float]]) -> int | None:
+    while True:
+        try:
+            spare, at = spares.pop()
+        except IndexError:
+            return None
+        if time.monotonic() - at <= SPARE_MAX_AGE:
+            return spare
 
 
 def _taken(stmts: Statements, ids: Sequence[int], queue: str, retry: bool) -> Op[set[int]]:

@@ -539,3 +539,16 @@ def _jobs(q: Queue) -> int:
         ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_one_producers_ids_follow_its_enqueues(queue: Queue) -> None:
+    """Unkeyed enqueues take an id reserved by the previous insert (retry safety at no
+    extra round trip); keyed ones and batches in between must not make a later job's id
+    smaller than an earlier one's."""
+    ids: list[int] = []
+    for n in range(3):
+        ids.append(queue.enqueue({"n": n}))
+        ids.append(queue.enqueue({"n": n}, idempotency_key=f"k{n}"))
+        ids.extend(queue.enqueue_many([{"n": n}, {"n": n}]))
+        ids.append(queue.enqueue({"n": n}))
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
