@@ -50,7 +50,9 @@ class Lane:
         """Seconds before connect attempt ``failures + 1`` (0 for the first retry)."""
         if failures <= 0:
             return 0.0
-        return float(min(self.cap, 0.025 * 2 ** (failures - 1)) * random.uniform(0.5, 1.0))
+        # Bounded exponent: failures keep counting through a long outage, and a float
+        # times 2 ** 1024 raises OverflowError (see _base.backoff).
+        return float(min(self.cap, 0.025 * 2.0 ** min(failures - 1, 60)) * random.uniform(0.5, 1.0))
 
     @contextmanager
     def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection[Any]]:
