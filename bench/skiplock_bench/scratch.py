@@ -44,14 +44,21 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def cluster(settings: dict[str, str] | None = None) -> Iterator[str]:
-    """Start a fresh cluster on a free port; yields its DSN; stops and removes it after."""
+def cluster(
+    settings: dict[str, str] | None = None, info: dict[str, Path] | None = None
+) -> Iterator[str]:
+    """Start a fresh cluster on a free port; yields its DSN; stops and removes it after.
+
+    ``info``, if given, is filled with the cluster's ``root``, ``data`` and server
+    ``log`` paths (the stalls harness reads the log: checkpoints, slow statements)."""
     bindir = _bindir()
     root = Path(tempfile.mkdtemp(prefix="skiplock-bench-scratch-"))
     data = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
     port = _free_port()
+    if info is not None:
+        info.update(root=root, data=data, log=root / "log")
     conf = {
         "autovacuum": "on",
         "shared_preload_libraries": "'pg_stat_statements'",

@@ -102,12 +102,19 @@ def reconnect_delay(failures: int, cap: float = 0.25) -> float:
     as a worker is after the server returns."""
     if failures <= 0:
         return 0.0
-    return float(min(cap, 0.025 * 2 ** (failures - 1)) * random.uniform(0.5, 1.0))
+    # Bounded exponent, as in backoff: failures keep counting through a long outage.
+    return float(min(cap, 0.025 * 2.0 ** min(failures - 1, 60)) * random.uniform(0.5, 1.0))
 
 
 def backoff(attempt: int, base: float = 0.05, cap: float = 2.0) -> float:
-    """Sleep before retry ``attempt`` (1-based): short at first, full jitter."""
-    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
+    """Sleep before retry ``attempt`` (1-based): short at first, full jitter.
+
+    The exponent is bounded: the worker's loops count failures for as long as an
+    outage lasts, and ``base * 2 ** 1024`` is an OverflowError, not a float.  Uncapped,
+    a listener (or a lane, or a claim loop) died of it after about 1,000 failed
+    reconnects, some 3 minutes of a server down at 0.25 s apart.
+    """
+    return random.uniform(0, min(cap, base * 2.0 ** min(max(attempt - 1, 0), 60)))
 
 
 def translate_error(
