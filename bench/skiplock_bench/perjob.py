@@ -279,7 +279,9 @@ class Monitor:
         ).fetchall():
             if TAG.strip() in query:
                 continue
-            key = " ".join(query.split())[:90]
+            # The statement without its comments (skiplock's carry long ones), short.
+            body = " ".join(ln for ln in query.splitlines() if not ln.lstrip().startswith("--"))
+            key = " ".join(body.split())[:90]
             s = out.statements.setdefault(key, {"calls": 0, "rows": 0, "exec_ms": 0.0})
             s["calls"] += int(calls)
             s["rows"] += int(rows_)
@@ -349,6 +351,7 @@ def _pgbench(dsn: str, script: str, n: int, clients: int, batch: int) -> Callabl
                 f"--transactions={max(1, n // (clients * batch))}",
                 f"--file={path}",
                 *(f"--define={k}={v}" for k, v in pgbench.CLAIM_CONSTANTS.items()),
+                *(f"--define={k}={{}}" for k in pgbench.FROM_CLAIM),
                 dsn,
             ]
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -385,12 +388,29 @@ def subject_skiplock(
     return [enq, drain, vac]
 
 
-def subject_skiplock_sql(mon: Monitor, n: int, clients: int, batch: int) -> list[Phase]:
-    name, schema = "skiplock-sql", "skiplock_sql"
+def fused_script(schema: str, batch: int) -> str:
+    """Each transaction completes the batch the client claimed in its previous one, then
+    claims the next: one commit (one flush) per batch, as a complete fused with the next
+    claim (or the two pipelined in one transaction) would cost.  pgbench variables
+    persist across a client's transactions; the first completes nothing (``--define``
+    starts them empty) and each client's last batch stays running."""
+    script = pgbench.render_script(schema, batch)
+    claim, complete = script.split("\\gset\n", 1)
+    head, claim = claim.split("\n", 1)  # "\\set limit N"
+    return f"{head}\nBEGIN;\n{complete}{claim}\\gset\nCOMMIT;\n"
+
+
+def subject_skiplock_sql(
+    mon: Monitor, n: int, clients: int, batch: int, *, fused: bool = False
+) -> list[Phase]:
+    """skiplock's claim and complete under pgbench, each its own transaction; ``fused``:
+    complete-then-claim in one transaction (``fused_script``)."""
+    name = "skiplock-sql-fused" if fused else "skiplock-sql"
+    schema = name.replace("-", "_")
     lib_skiplock.setup(mon.dsn, schema)
     lib_skiplock.enqueue_bulk(mon.dsn, n, schema)
     mon.q(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
-    script = pgbench.render_script(schema, batch)
+    script = fused_script(schema, batch) if fused else pgbench.render_script(schema, batch)
     drain = mon.measure(name, "drain", schema, n, _pgbench(mon.dsn, script, n, clients, batch))
     drain.jobs = _done(mon.dsn, schema)
     vac = mon.measure(name, "vacuum", schema, drain.jobs, _vacuum(mon.dsn, schema))
@@ -521,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--subjects",
         default="skiplock,skiplock-sql,plain",
-        help="comma list of skiplock, skiplock-sql, plain",
+        help="comma list of skiplock, skiplock-sql, skiplock-sql-fused, plain",
     )
     p.add_argument(
         "--dsn",
@@ -565,6 +585,8 @@ def _run(dsn: str, subjects: list[str], args: argparse.Namespace) -> list[Phase]
                 phases += subject_skiplock(mon, s, args.jobs, args.concurrency)
             elif s == "skiplock-sql":
                 phases += subject_skiplock_sql(mon, args.jobs, args.clients, args.batch)
+            elif s == "skiplock-sql-fused":
+                phases += subject_skiplock_sql(mon, args.jobs, args.clients, args.batch, fused=True)
             elif s == "plain":
                 phases += subject_plain(mon, args.jobs, args.clients, args.batch)
             else:
