@@ -110,6 +110,7 @@ WHERE id = ANY(:ids::bigint[]) AND worker = :worker;
 # The bench's own statements carry this comment (pg_stat_statements keeps it in the
 # query text) and are left out of the round-trip count.
 TAG = "/* perjob-monitor */ "
+_BRACKETS = {"BEGIN", "COMMIT", "ROLLBACK"}
 
 
 # -- server CPU ---------------------------------------------------------------------------
@@ -160,13 +161,17 @@ class Phase:
     server_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     seconds: float = 0.0
+    # Start of the drain to its N-th completion (Worker subjects only): the jobs/s row.
+    drain_seconds: float = 0.0
 
     def per(self, total: float) -> float:
         return total / self.jobs if self.jobs else float("nan")
 
     @property
     def calls(self) -> int:
-        return int(sum(s["calls"] for s in self.statements.values()))
+        """Statements, less BEGIN and COMMIT: those travel with the statements they
+        bracket (pgbench's script, psycopg's pipeline), so they add no round trip."""
+        return int(sum(s["calls"] for q, s in self.statements.items() if q not in _BRACKETS))
 
     @property
     def exec_ms(self) -> float:
@@ -301,7 +306,9 @@ def _vacuum(dsn: str, schema: str) -> Callable[[], None]:
     return run
 
 
-def _drain_worker(dsn: str, schema: str, n: int, concurrency: int, options: dict[str, Any]):
+def _drain_worker(
+    dsn: str, schema: str, n: int, concurrency: int, options: dict[str, Any], took: list[float]
+) -> Callable[[], None]:
     def run() -> None:
         done = 0
         lock = threading.Lock()
@@ -325,9 +332,11 @@ def _drain_worker(dsn: str, schema: str, n: int, concurrency: int, options: dict
             on_event=on_event,
             **options,
         )
+        t0 = time.perf_counter()
         t = w.start()
         if not finished.wait(timeout=max(120.0, n / 200)):
             log(f"drain stalled at {done} of {n}")
+        took[0] = time.perf_counter() - t0
         w.stop()
         t.join(timeout=60)
         q.close()
@@ -381,9 +390,15 @@ def subject_skiplock(
         name, "enqueue (COPY)", schema, n, lambda: lib_skiplock.enqueue_bulk(mon.dsn, n, schema)
     )
     mon.q(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
+    took = [0.0]
     drain = mon.measure(
-        name, "drain", schema, n, _drain_worker(mon.dsn, schema, n, concurrency, options or {})
+        name,
+        "drain",
+        schema,
+        n,
+        _drain_worker(mon.dsn, schema, n, concurrency, options or {}, took),
     )
+    drain.drain_seconds = took[0]
     drain.jobs = _done(mon.dsn, schema)
     vac = mon.measure(name, "vacuum", schema, drain.jobs, _vacuum(mon.dsn, schema))
     return [enq, drain, vac]
@@ -511,11 +526,15 @@ def table(phases: list[Phase]) -> str:
         ),
     )
     row("commits that wrote WAL (flushes)", lambda p: f"{p.per(p.commits):.3f}")
-    row("statements (round trips)", lambda p: f"{p.per(p.calls):.3f}")
+    row("statements (BEGIN/COMMIT not counted)", lambda p: f"{p.per(p.calls):.3f}")
     row("server exec time, µs (pg_stat_statements)", lambda p: f"{1000 * p.per(p.exec_ms):.1f}")
     row("server CPU, µs (all server processes)", lambda p: f"{1e6 * p.per(p.server_cpu_s):.0f}")
     row("client CPU, µs (worker or pgbench)", lambda p: f"{1e6 * p.per(p.client_cpu_s):.0f}")
     row("wall seconds (noisy; not a throughput figure)", lambda p: f"{p.seconds:.1f}")
+    row(
+        "Worker jobs/s, start to N-th completion (noisy)",
+        lambda p: f"{p.jobs / p.drain_seconds:,.0f}" if p.drain_seconds else "-",
+    )
     return "\n".join(lines)
 
 
