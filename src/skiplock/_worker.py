@@ -29,15 +29,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from queue import Empty, SimpleQueue
+from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from ._base import backoff, unavailable
 from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Attempt, Job
 from ._lane import Lane
+from ._ops import Execute, FenceResult, Op
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
@@ -114,6 +117,12 @@ class Worker(WorkerBase):
         ``Periodic`` schedules this worker enqueues, in a thread of its own.  Run the
         same list on any number of workers: each tick is enqueued once (see
         docs/periodic.md).  The jobs go to each spec's queue, served here or not.
+    fuse_claims
+        Experimental, off by default.  The writer sends each batch of completions and
+        a claim of the slots they free in one transaction, pipelined: one round trip
+        and one commit flush where there are two (docs/architecture.md, "Storage,
+        second round", candidate C).  Each statement is unchanged, so are the fence
+        and the claim; the claim loop still claims when the writer has nothing to write.
     tasks
         Claim only jobs of these task names (``App.worker`` passes the app's tasks);
         None, the default, claims every job of the queues.  A job of a task the
@@ -145,6 +154,7 @@ class Worker(WorkerBase):
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
+        fuse_claims: bool = False,
     ) -> None:
         super().__init__(
             queue,
@@ -175,6 +185,11 @@ class Worker(WorkerBase):
         # handlers finish during one claim round trip, up to 2 x concurrency; zero for
         # slow jobs, deep for no-op ones.  An explicit number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
+        self.fuse_claims = fuse_claims
+        # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
+        # counting the free slots to registering the jobs: two claims at once would
+        # both count the same slots free.
+        self._claim_lock = threading.Lock()
         self._max_prefetch = 2 * concurrency
         self._claim_rtt = 0.002
         self._more = False
@@ -353,6 +368,11 @@ class Worker(WorkerBase):
     def _claim_some(self, free: int) -> bool:
         """Claim up to ``free`` jobs across the queues; True if a queue may hold more."""
         assert self._q is not None and self._pool is not None
+        with self._claim_lock:
+            return self._claim_some_locked(min(free, self.capacity - self._held()))
+
+    def _claim_some_locked(self, free: int) -> bool:
+        assert self._q is not None and self._pool is not None
         more = False
         for name in self._queue_order():
             if free <= 0 or self._stopping.is_set():
@@ -370,18 +390,23 @@ class Worker(WorkerBase):
             rtt = time.monotonic() - began
             self._cursor.claimed(name, start, jobs, rtt, began + rtt)
             self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
-            with self._inflight_lock:
-                for job in jobs:
-                    self._inflight[job.attempt] = job
-                    # The lease ends at claim time + lease on the server's clock; the
-                    # moment we sent the claim is the earliest that can be.
-                    self._deadline[job.attempt] = began + self.lease
-            self._claimed(name, jobs, rtt)
-            for job in jobs:
-                self._pool.submit(job)
+            self._take(name, jobs, began, rtt)
             more = more or len(jobs) == free
             free -= len(jobs)
         return more
+
+    def _take(self, name: str, jobs: Sequence[Job], began: float, rtt: float) -> None:
+        """Hold and start the jobs a claim sent at ``began`` returned."""
+        assert self._pool is not None
+        with self._inflight_lock:
+            for job in jobs:
+                self._inflight[job.attempt] = job
+                # The lease ends at claim time + lease on the server's clock; the
+                # moment we sent the claim is the earliest that can be.
+                self._deadline[job.attempt] = began + self.lease
+        self._claimed(name, jobs, rtt)
+        for job in jobs:
+            self._pool.submit(job)
 
     def _sweep(self) -> None:
         assert self._q is not None
@@ -483,7 +508,10 @@ class Worker(WorkerBase):
         assert self._wq is not None
         done, failed = self.split(batch)
         if done:
-            res = self._wq.complete_many(done, _recheck=recheck)
+            if self.fuse_claims and not self._stopping.is_set():
+                res = self._complete_and_claim(done, recheck)
+            else:
+                res = self._wq.complete_many(done, _recheck=recheck)
             self.completed(done, res)
             self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
@@ -491,6 +519,43 @@ class Worker(WorkerBase):
             res = self._wq.fail_many(failed, _recheck=recheck)
             self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
+
+    def _complete_and_claim(self, done: list[tuple[Job, Any]], recheck: bool) -> FenceResult:
+        """Complete ``done`` and claim the slots it frees, in one pipelined transaction.
+
+        The two statements are today's ``complete`` and ``claim``, unchanged: the
+        completion is fenced per job by its token, the claim takes rows with SKIP
+        LOCKED and re-checks them, and both commit at once.  What would follow either
+        of them (the recheck after a lost reply, a limited queue's locked path) runs
+        after the commit, as it would on its own.  If the transaction fails, neither
+        happened (or, with a lost reply, both may have): the batch is written again
+        with a recheck, as after any failed write, and jobs claimed unseen come back
+        when their leases run out, as after any claim whose reply was lost.
+        """
+        assert self._wq is not None
+        wq = self._wq
+        jobs, params = wq._complete_params(done)
+        with self._claim_lock:
+            free = self.capacity - self._held() + len(done)
+            if free <= 0:
+                return wq.complete_many(done, _recheck=recheck)
+            name = self._queue_order()[0]
+            began = time.monotonic()
+            start = self._cursor.start(name, began)
+            complete = wq._fenced_op("complete", jobs, params, recheck)(False)
+            claim = wq._claim_op(self.name, name, free, self.lease, True, start, self.tasks)(False)
+            with wq.connection() as conn:
+                res, claimed = _run_together(conn, complete, claim)
+            rtt = time.monotonic() - began
+            wq._count_lost(len(res.lost))
+            self._cursor.claimed(name, start, claimed, rtt, began + rtt)
+            if self._stopping.is_set():
+                # Stopped meanwhile: the handler pool may already be draining.
+                self.released(claimed, wq.release_many(claimed))
+                return res
+            self._take(name, claimed, began, rtt)
+            self._more = len(claimed) == free
+        return res
 
     def _forget(self, jobs: Sequence[Job]) -> None:
         with self._inflight_lock:
@@ -677,3 +742,42 @@ class Worker(WorkerBase):
                 logger.warning("worker %s: release failed (%s)", self.name, one_line(exc))
                 time.sleep(backoff(attempt))
         self._forget(jobs)
+
+
+def _run_together(
+    conn: psycopg.Connection[Any], complete: Op[FenceResult], claim: Op[list[Job]]
+) -> tuple[FenceResult, list[Job]]:
+    """The first statement of each operation in one transaction, sent in one pipeline
+    (one round trip, one commit); each operation's further steps, if it has any, run
+    after the commit on the same connection, one at a time."""
+    ops: list[Op[Any]] = [complete, claim]
+    steps = [next(op) for op in ops]
+    cursors = [conn.cursor(row_factory=dict_row) for _ in ops]
+    try:
+        with conn.pipeline(), conn.transaction():
+            for cur, step in zip(cursors, steps, strict=True):
+                assert isinstance(step, Execute)
+                cur.execute(step.query, step.params)
+        out: list[Any] = []
+        for op, cur in zip(ops, cursors, strict=True):
+            rows = cur.fetchall() if cur.description is not None else []
+            out.append(_finish(conn, op, rows))
+        return out[0], out[1]
+    finally:
+        for cur in cursors:
+            cur.close()
+
+
+def _finish(conn: psycopg.Connection[Any], op: Op[Any], rows: list[Any]) -> Any:
+    """Send ``rows`` to ``op`` and run whatever it asks next, until it returns."""
+    cur = conn.cursor(row_factory=dict_row)
+    try:
+        while True:
+            step = op.send(rows)
+            assert isinstance(step, Execute)
+            cur.execute(step.query, step.params)
+            rows = cur.fetchall() if cur.description is not None else []
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        cur.close()
