@@ -272,8 +272,14 @@ def test_worker_in_pooler_mode_polls_and_heartbeats(pooled: Queue) -> None:
     ids = [pooled.enqueue({"sleep": 1.2 if i == 0 else 0}) for i in range(20)]
     w = Worker(pooled, handler, concurrency=4, lease=0.6, poll_interval=0.05, sweep_interval=0.2)
     assert w.listen is False  # LISTEN needs a session of its own
+    assert w.liveness is False  # so does a liveness mark: the lease alone decides here
     t = w.start()
     wait_until(lambda: len(ran) == 20, what="every job to run")
+    with pooled.connection() as c:
+        marks = c.execute(
+            sql.SQL("SELECT mark_pid FROM {}.workers").format(sql.Identifier(pooled.schema))
+        ).fetchall()
+    assert marks == [(None,)]  # registered (status sees it), never marked
     w.stop()
     t.join(30)
     assert sorted(ran) == ids
