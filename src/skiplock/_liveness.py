@@ -11,11 +11,17 @@ stopped but live worker (SIGSTOP, a GC pause, a frozen VM) keeps its session and
 mark, so only its lease can expire; a worker whose connection dropped and came back
 within the grace marks again and keeps its jobs.
 
+A worker counts as dead only when its mark is gone *and* none of its sessions is left
+(``pg_stat_activity``, by the application name every connection of the worker
+carries): a dead process takes all its sessions with it, while a live worker whose
+liveness connection alone was cut keeps the others and so keeps its jobs.
+
 Behind a transaction pooler (``pooler=True``) consecutive transactions may run on
 different server sessions, so a session lock would mark the pooler's connection, not
 the worker: no mark is taken there and the lease alone decides.  A host that vanishes
-without resetting its connections is noticed through TCP keepalives, which the
-liveness session asks of the server (about 8 s), or in the end by the lease.
+without resetting its connections (a network partition, a power cut) leaves its
+sessions open on the server until TCP gives up on them; the lease decides there too,
+as it must for a partition: the worker may still be running.
 """
 
 from __future__ import annotations
@@ -40,14 +46,6 @@ logger = logging.getLogger("skiplock.worker")
 # Seconds a mark may be gone before the jobs go back: longer than a lane takes to
 # reconnect (at once, then at most 0.25 s apart), shorter than anyone waits for a crash.
 DEFAULT_GRACE = 1.0
-
-# The liveness session asks the server to probe an idle client: a host that vanished
-# without closing its sockets is then found dead in about idle + interval * count s.
-_KEEPALIVES = (
-    "SET tcp_keepalives_idle = 5",
-    "SET tcp_keepalives_interval = 1",
-    "SET tcp_keepalives_count = 3",
-)
 
 
 def _int32(text: str) -> int:
@@ -105,8 +103,6 @@ class Liveness:
         return len(rows)
 
     def _mark(self, conn: psycopg.Connection[Any]) -> None:
-        for stmt in _KEEPALIVES:
-            conn.execute(stmt)
         key1, key2 = self._keys
         row = conn.execute(
             self._stmts.worker_mark,

@@ -43,6 +43,35 @@ def test_a_dead_session_gives_its_jobs_back_within_the_grace(queue: Queue, admin
     assert "ghost" not in marks(admin, queue.schema)  # the dead worker's row is gone
 
 
+def test_a_live_worker_whose_mark_alone_is_gone_keeps_its_job(
+    queue: Queue, admin: Any, dsn: str
+) -> None:
+    """The mark's connection is cut and cannot come back (a full server, say), but the
+    worker's other sessions are open: it is alive, and only its lease may take the job.
+    Once its last session ends too, the job goes back within the grace."""
+    from dataclasses import replace
+
+    half = replace(queue.settings, application_name="skiplock-worker:half")
+    job_id = queue.enqueue({"n": 1})
+    live = Liveness(half, "half", queues=["default"], tasks=None)
+    assert live.step() == 0 and live.marked
+    [held] = queue.claim(worker="half", lease=30.0)
+    other = psycopg.connect(dsn, application_name="skiplock-worker:half")  # its claims lane
+    ran: list[Job] = []
+    try:
+        with running(Worker(queue, ran.append, lease=30.0, name="sweeper")):
+            live.close()  # the mark is gone for good
+            time.sleep(3 * DEFAULT_GRACE)  # a dozen sweep_dead rounds must leave it alone
+            now = queue.get(job_id)
+            assert now is not None and now.status == "running"
+            assert now.lease_token == held.lease_token and ran == []
+            other.close()  # now the process is gone
+            wait_until(lambda: len(ran) == 1, timeout=20, what="the job to run again")
+    finally:
+        other.close()
+    assert ran[0].attempts == 2
+
+
 def test_a_dropped_liveness_connection_back_within_the_grace_keeps_the_job(
     queue: Queue, admin: Any
 ) -> None:

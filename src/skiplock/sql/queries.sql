@@ -526,7 +526,8 @@ RETURNING w.mark_pid IS NOT NULL AS marked;
 -- Crash detection, faster than the lease.  A worker whose liveness mark (the advisory
 -- lock of worker_mark, looked up in pg_locks by its holder's pid and key) is gone has
 -- lost its session: its process died, or its host, or its connection dropped.  The
--- first sweep that sees this notes the time (mark_lost_at); a sweep `grace` seconds
+-- (and no session of it is left: below) first sweep that sees this notes the time
+-- (mark_lost_at); a sweep `grace` seconds
 -- later, the mark still gone, gives the worker's running jobs back exactly as an
 -- expired lease would (the same SET as `sweep`: attempt counted, failed when none is
 -- left, cancelled when asked).  A worker that reconnects within the grace marks again
@@ -543,7 +544,14 @@ WITH marks AS MATERIALIZED (
            EXISTS (SELECT FROM pg_locks AS l
                    WHERE l.locktype = 'advisory' AND l.pid = w.mark_pid
                      AND l.classid = w.mark_key1::oid AND l.objid = w.mark_key2::oid
-                     AND l.objsubid = 2 AND l.granted) AS alive
+                     AND l.objsubid = 2 AND l.granted)
+           -- A process that died took all its sessions with it.  A live worker whose
+           -- mark's connection alone was cut (an operator's pg_terminate_backend, a
+           -- server too full to reconnect) still has its other sessions, named after
+           -- it, and keeps its jobs until its lease says otherwise.
+           OR EXISTS (SELECT FROM pg_stat_activity AS a
+                      WHERE a.application_name = left('skiplock-worker:' || w.name, 63))
+               AS alive
     FROM {schema}.workers AS w
     WHERE w.mark_pid IS NOT NULL
 ),
