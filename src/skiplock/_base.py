@@ -319,32 +319,22 @@ class QueueBase:
             # This insert takes a newer id than the spare: a later unkeyed enqueue must
             # not go under an older one (one producer's ids follow its enqueues).
             self._spare_ids.clear()
+        row: dict[str, Any] = {
+            "queue": queue,
+            "payload": text,
+            "priority": int(priority),
+            "run_at": run_at,
+            "max_attempts": max_attempts,
+            "task": task,
+            "meta": meta_text,
+        }
         if idempotency_key is None and retryable:
             held = _ops.Reserved()
+            spares = self._spare_ids
             return lambda after: _ops.enqueue_one(
-                self._stmts,
-                queue=queue,
-                payload=text,
-                priority=int(priority),
-                run_at=run_at,
-                max_attempts=max_attempts,
-                task=task,
-                meta=meta_text,
-                reserved=held,
-                spares=self._spare_ids,
-                retry=after,
+                self._stmts, **row, reserved=held, spares=spares, retry=after
             )
-        return lambda _after: _ops.enqueue(
-            self._stmts,
-            queue=queue,
-            payload=text,
-            priority=int(priority),
-            run_at=run_at,
-            max_attempts=max_attempts,
-            key=idempotency_key,
-            task=task,
-            meta=meta_text,
-        )
+        return lambda _after: _ops.enqueue(self._stmts, **row, key=idempotency_key)
 
     def _enqueue_many_op(
         self,

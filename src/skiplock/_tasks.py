@@ -27,8 +27,8 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
-from ._base import check_task_name
-from ._config import RetryPolicy
+from ._base import _check_enqueue_options, check_task_name
+from ._config import RetryPolicy, validate_queue
 from ._errors import ConfigError, Fail, PayloadError, Retry
 from ._handlers import run_coroutine
 from ._job import Job
@@ -458,9 +458,6 @@ class App:
         seconds an attempt may run (then it fails and is retried).  ``lease``: the
         worker running this task holds leases of at least this many seconds.
         """
-        from ._base import _check_enqueue_options
-        from ._config import validate_queue
-
         validate_queue(queue)
         _check_enqueue_options(queue, priority, None, max_attempts)
         if timeout is not None and not timeout > 0:
@@ -685,10 +682,10 @@ class App:
                     _reraise(task, exc, job)
 
         return AsyncWorker(
-            self.async_queue_unopened(), handle, queues=names, tasks=sorted(known), **options
+            self._settings_queue(), handle, queues=names, tasks=sorted(known), **options
         )
 
-    def async_queue_unopened(self) -> AsyncQueue:
+    def _settings_queue(self) -> AsyncQueue:
         # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
         return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -42,7 +42,7 @@ from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import Execute, FenceResult, Op
 from ._periodic import Periodic, PeriodicScheduler
-from ._queue import Queue
+from ._queue import Queue, run_op
 from ._sql import channel_name
 from ._workerbase import Trouble, WorkerBase, WorkerStats, default_worker_name, one_line
 
@@ -51,6 +51,7 @@ __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
+T = TypeVar("T")
 
 
 class Worker(WorkerBase):
@@ -358,7 +359,7 @@ class Worker(WorkerBase):
     def _wait_for_work(self) -> None:
         timeout = self.poll_interval
         shortest = self.shortest_timeout
-        if shortest:
+        if shortest is not None:
             timeout = min(timeout, max(shortest / 4, 0.05))
         if self._more and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
@@ -761,23 +762,24 @@ def _run_together(
         out: list[Any] = []
         for op, cur in zip(ops, cursors, strict=True):
             rows = cur.fetchall() if cur.description is not None else []
-            out.append(_finish(conn, op, rows))
+            out.append(run_op(conn, _resumed(op, rows)))
         return out[0], out[1]
     finally:
         for cur in cursors:
             cur.close()
 
 
-def _finish(conn: psycopg.Connection[Any], op: Op[Any], rows: list[Any]) -> Any:
-    """Send ``rows`` to ``op`` and run whatever it asks next, until it returns."""
-    cur = conn.cursor(row_factory=dict_row)
+def _resumed(op: Op[T], rows: list[Any]) -> Op[T]:
+    """``op`` past its first step, which ``rows`` answered: the rest for ``run_op``,
+    which drives it as any other op (errors it throws in reach ``op`` too)."""
     try:
+        step = op.send(rows)
         while True:
-            step = op.send(rows)
-            assert isinstance(step, Execute)
-            cur.execute(step.query, step.params)
-            rows = cur.fetchall() if cur.description is not None else []
+            try:
+                answer = yield step
+            except Exception as exc:
+                step = op.throw(exc)
+            else:
+                step = op.send(answer)
     except StopIteration as stop:
-        return stop.value
-    finally:
-        cur.close()
+        return cast(T, stop.value)

@@ -276,6 +276,9 @@ class WorkerBase:
         for task_name, t in self._task_timeouts.items():
             if not t > 0:
                 raise ConfigError(f"task {task_name!r}: timeout must be positive, not {t!r}")
+        # The shortest timeout any job here may have: how often to look for overruns.
+        every = [t for t in (job_timeout, *self._task_timeouts.values()) if t]
+        self.shortest_timeout: float | None = min(every) if every else None
         self.listen = listen and not queue.settings.pooler  # LISTEN needs a session
         # A session-level mark needs a session of its own: not behind a pooler.
         self.liveness = liveness and not queue.settings.pooler
@@ -381,12 +384,6 @@ class WorkerBase:
         if job.task is not None and job.task in self._task_timeouts:
             return self._task_timeouts[job.task]
         return self.job_timeout
-
-    @property
-    def shortest_timeout(self) -> float | None:
-        """The shortest timeout any job here may have (how often to look for overruns)."""
-        all_ = [t for t in (self.job_timeout, *self._task_timeouts.values()) if t]
-        return min(all_) if all_ else None
 
     # How often the liveness thread refreshes its mark and runs sweep_dead: with the
     # grace, a dead worker's jobs are back within about grace + 2 * this.
@@ -536,8 +533,9 @@ class WorkerBase:
     def released(self, jobs: Sequence[Job], res: FenceResult) -> None:
         self.stats.add(released=len(res.attempts))
         lost = [job for job in jobs if res.row(job) is None]
+        gone = {job.attempt for job in lost}
         for job in jobs:
-            self._emit("released" if res.row(job) is not None else "lease_lost", job)
+            self._emit("lease_lost" if job.attempt in gone else "released", job)
         self._lost(lost, "the release changed nothing")
 
     def beaten(self, jobs: Sequence[Job], res: FenceResult) -> list[Job]:
