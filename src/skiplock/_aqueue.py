@@ -724,6 +724,14 @@ class AsyncQueue(QueueBase):
         """Record (or refresh) what worker ``name`` serves; workers call it at each sweep."""
         await self._execute(self._worker_seen_op(name, queues, tasks), what="register worker")
 
+    async def worker_waiting(self, name: str, waiting: bool) -> None:
+        """Say whether worker ``name`` sleeps until an enqueue notifies it.
+
+        Producers skip the NOTIFY (and the commit-time lock it takes) for a queue none
+        of whose workers waits; workers call this when they turn idle or busy.
+        """
+        await self._execute(self._worker_waiting_op(name, waiting), what="worker waiting")
+
     async def unregister_worker(self, name: str) -> None:
         """Remove worker ``name``'s record (a clean stop)."""
         await self._execute(self._worker_gone_op(name), what="unregister worker")

@@ -252,9 +252,28 @@ class AsyncWorker(WorkerBase):
                     continue
             if more and self.concurrency - len(self._held) > 0:
                 continue
+            # Full, a finishing job wakes us; after a full claim we claim again at once.
+            busy = more or self.concurrency - len(self._held) <= 0
+            if await self._say_waiting(busy, now):
+                continue  # claim again now that producers notify us
+            timeout = self._look_again_in(self.poll_interval, time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval)
+                await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
+
+    async def _say_waiting(self, busy: bool, now: float) -> bool:
+        """Write a change of ``waiting`` to our row; True if we turned to waiting."""
+        assert self._q is not None
+        change = self._waiting_change(busy, now)
+        if change is None:
+            return False
+        try:
+            await self._q.worker_waiting(self.name, change)
+        except _DB_ERRORS as exc:
+            self._waiting_failed(exc, now)
+            return False
+        self._said_waiting(change, now)
+        return change
 
     async def _claim_some(self, free: int) -> bool:
         assert self._q is not None and self._stopping is not None

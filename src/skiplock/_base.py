@@ -483,6 +483,10 @@ class QueueBase:
         }
         return lambda _after: _single(self._stmts.worker_seen, params)
 
+    def _worker_waiting_op(self, name: str, waiting: bool) -> MakeOp:
+        params = {"name": name, "waiting": waiting}
+        return lambda _after: _single(self._stmts.worker_waiting, params)
+
     def _worker_gone_op(self, name: str) -> MakeOp:
         return lambda _after: _single(self._stmts.worker_gone, {"name": name})
 

@@ -666,6 +666,14 @@ class Queue(QueueBase):
         """Record (or refresh) what worker ``name`` serves; workers call it at each sweep."""
         self._execute(self._worker_seen_op(name, queues, tasks), what="register worker")
 
+    def worker_waiting(self, name: str, waiting: bool) -> None:
+        """Say whether worker ``name`` sleeps until an enqueue notifies it.
+
+        Producers skip the NOTIFY (and the commit-time lock it takes) for a queue none
+        of whose workers waits; workers call this when they turn idle or busy.
+        """
+        self._execute(self._worker_waiting_op(name, waiting), what="worker waiting")
+
     def unregister_worker(self, name: str) -> None:
         """Remove worker ``name``'s record (a clean stop)."""
         self._execute(self._worker_gone_op(name), what="unregister worker")

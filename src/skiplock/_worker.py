@@ -354,7 +354,23 @@ class Worker(WorkerBase):
                     self.stats.add(db_errors=1)
                     self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
                     continue
+            if self._say_waiting(now):
+                continue  # claim again now that producers notify us
             self._wait_for_work()
+
+    def _say_waiting(self, now: float) -> bool:
+        """Write a change of ``waiting`` to our row; True if we turned to waiting."""
+        assert self._q is not None
+        change = self._waiting_change(self._more, now)
+        if change is None:
+            return False
+        try:
+            self._q.worker_waiting(self.name, change)
+        except _DB_ERRORS as exc:
+            self._waiting_failed(exc, now)
+            return False
+        self._said_waiting(change, now)
+        return change
 
     def _wait_for_work(self) -> None:
         timeout = self.poll_interval
@@ -363,6 +379,7 @@ class Worker(WorkerBase):
             timeout = min(timeout, max(shortest / 4, 0.05))
         if self._more and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
+        timeout = self._look_again_in(timeout, time.monotonic())
         self._wake.wait(timeout)
         self._wake.clear()
 

@@ -264,6 +264,12 @@ class WorkerBase:
         if self.tasks is not None and not self.tasks:
             raise ConfigError("a worker of tasks needs at least one task")
         self._registered_at: float | None = None
+        # What this worker last wrote to its row's `waiting` (None: nothing yet, or the
+        # row may be new), since when its claims come back full, and when to look again
+        # after saying it waits (_waiting_change).
+        self._told_waiting: bool | None = None
+        self._busy_since: float | None = None
+        self._look_again_at: float | None = None
         self._rotation = 0
         self.queues = names
         self.concurrency = concurrency
@@ -414,6 +420,59 @@ class WorkerBase:
 
     def _registered(self, now: float) -> None:
         self._registered_at = now
+        # Registering may have created the row afresh (waiting NULL): say it again.
+        self._told_waiting = None
+
+    # -- waiting for notifications (migration 0008) ------------------------------------
+    # Claims must come back full for this long before the worker says it is busy: a
+    # worker near its capacity would otherwise write its row at every other claim.
+    BUSY_AFTER = 1.0
+    # After saying it waits, the worker claims at once and again this soon after: a
+    # producer whose trigger still read it as busy may commit just after that claim.
+    LOOK_AGAIN = 0.02
+
+    def _waiting_change(self, busy: bool, now: float) -> bool | None:
+        """The ``waiting`` to write to this worker's row now, or None if it stands.
+
+        ``busy``: the worker will claim again without a notification (its last claim
+        came back full, or a finishing job wakes it).  Producers notify a queue only
+        while one of its workers waits (or has not said), so turning idle must be said
+        at once; turning busy may wait, since a stale "waiting" costs a notification
+        nobody needed and nothing else.
+        """
+        if not self.listen:
+            want = False  # it polls: a notification would go unheard
+        elif not busy:
+            self._busy_since = None
+            want = True
+        else:
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since < self.BUSY_AFTER:
+                return None
+            want = False
+        return None if want is self._told_waiting else want
+
+    def _waiting_failed(self, exc: BaseException, now: float) -> None:
+        # Tried again at the next round, and a due "busy" not before BUSY_AFTER more.
+        self._upkeep_failed("waiting", exc)
+        if self._busy_since is not None:
+            self._busy_since = now
+
+    def _said_waiting(self, waiting: bool, now: float) -> None:
+        self._told_waiting = waiting
+        self._look_again_at = now + self.LOOK_AGAIN if waiting else None
+
+    def _look_again_in(self, timeout: float, now: float) -> float:
+        """``timeout``, shortened to the look-again after saying it waits (once), or to
+        when busy is due to be said (a saturated worker may otherwise sleep a whole
+        poll interval first)."""
+        if self._look_again_at is not None:
+            timeout = max(0.0, min(timeout, self._look_again_at - now))
+            self._look_again_at = None
+        elif self._busy_since is not None and self._told_waiting is not False:
+            timeout = max(0.0, min(timeout, self._busy_since + self.BUSY_AFTER - now))
+        return timeout
 
     def _upkeep_failed(self, what: str, exc: BaseException) -> None:
         # A sweep or prune that fails is retried at its next turn; any worker may do it.

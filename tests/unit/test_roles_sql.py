@@ -46,6 +46,7 @@ WORKER = {
     # the worker's own row in `workers`, and status's unserved tasks
     "worker_seen",
     "worker_gone",
+    "worker_waiting",
     "unserved",
     # the liveness mark, and the sweep of workers whose mark is gone
     "worker_mark",
@@ -124,8 +125,11 @@ def test_worker_update_grant_is_exactly_what_the_worker_sets() -> None:
     assert set(grants()) == {("worker", "update"), ("worker", "select"), *producer_keys()}
     assert grants("queues") == {("worker", "select"): {"*"}, ("worker", "update"): sets["queues"]}
     # A worker writes only its own row of `workers`, but needs all four to do so.
+    # The producer reads which workers wait for a notification: the enqueue trigger of
+    # migration 0008 runs as the inserting role and reads exactly these two columns.
     assert grants("workers") == {
-        ("worker", p): {"*"} for p in ("select", "insert", "update", "delete")
+        **{("worker", p): {"*"} for p in ("select", "insert", "update", "delete")},
+        ("producer", "select"): {"queues", "waiting"},
     }
 
 

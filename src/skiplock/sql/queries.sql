@@ -500,6 +500,14 @@ VALUES (%(name)s, %(queues)s::text[], %(tasks)s::text[])
 ON CONFLICT (name) DO UPDATE
 SET queues = excluded.queues, tasks = excluded.tasks, seen_at = now();
 
+-- name: worker_waiting
+-- Whether this worker sleeps until an enqueue notifies it (true) or claims back to back
+-- (false): the enqueue trigger notifies a queue only if some worker of it is not false
+-- (migration 0008).  Written only when it changes; NULL until the worker first says.
+UPDATE {schema}.workers
+SET waiting = %(waiting)s
+WHERE name = %(name)s AND waiting IS DISTINCT FROM %(waiting)s;
+
 -- name: worker_gone
 DELETE FROM {schema}.workers WHERE name = %(name)s;
 

@@ -46,6 +46,9 @@ GRANT SELECT (id, queue, idempotency_key, status, result, last_error, attempts,
     ON {schema}.jobs TO {role};
 GRANT UPDATE (notify_finish) ON {schema}.jobs TO {role};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
+-- The enqueue trigger reads which workers wait for a notification (migration 0008),
+-- as the inserting role: the queues and the flag, not the workers' names.
+GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};
 
 -- name: grant_worker
 -- Claim, heartbeat, complete, fail, retry, release, sweep: SELECT on jobs (a claim
