@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -12,6 +11,20 @@ __all__ = ["Attempt", "Job", "JobStatus"]
 
 JobStatus = str  # 'pending' | 'running' | 'done' | 'failed' | 'cancelled'
 Attempt = tuple[int, UUID | None]  # (job id, lease token): one claim of one job
+
+
+class _Flag:
+    """A flag one thread raises and others read.
+
+    A plain attribute: under the GIL its assignment is atomic and seen by every thread,
+    and nobody waits on it (handlers poll ``job.cancelled``).  A ``threading.Event``
+    here cost every claimed job a lock and a condition, about 2 µs a job at claim.
+    """
+
+    __slots__ = ("up",)
+
+    def __init__(self) -> None:
+        self.up = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +59,9 @@ class Job:
     # jobs; ``meta`` is what travels with it besides its arguments (a trace context).
     task: str | None = None
     meta: Any = None
-    # Set when a cancel of this job reaches its worker (at a heartbeat); an Event so that
-    # the frozen record can still carry it across threads.
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # Set when a cancel of this job reaches its worker (at a heartbeat): a mutable cell
+    # so that the frozen record can still carry it across threads.
+    _cancel: _Flag = field(default_factory=_Flag, repr=False, compare=False)
 
     @property
     def attempt(self) -> Attempt:
@@ -63,11 +76,11 @@ class Job:
         returns (or raises) early; whatever it then reports, the job ends ``cancelled``.
         An ``async def`` handler run by a worker is also cancelled as a task.
         """
-        return self._cancel.is_set()
+        return self._cancel.up
 
     def mark_cancelled(self) -> None:
         """Record that a cancel reached this job (called by the worker, not handlers)."""
-        self._cancel.set()
+        self._cancel.up = True
 
     @property
     def idempotency_key(self) -> str:
