@@ -7,10 +7,12 @@ Tasks and their one job each:
   statement each (the same statements and accounting as ``Worker``: ``_workerbase``);
 - the listener LISTENs for enqueues (wakes the claim) and for cancels of held jobs
   (beats at once, so a cancelled handler's task is cancelled within a round trip);
-- one task per handler.  A handler past ``job_timeout`` is cancelled and its attempt
-  failed at once; if it swallows the cancellation it is abandoned, not awaited, so a
-  stuck coroutine cannot hold the worker (one that blocks the loop itself can: keep
-  blocking calls in ``asyncio.to_thread``).
+- one task per handler, and nothing else per job: a done callback hands its outcome
+  to the writer, a timer (only with a timeout) cancels it at ``job_timeout``, and the
+  heartbeat cancels the task of a job whose cancel it brought back.  A handler past its
+  timeout has its attempt failed at once; if it swallows the cancellation it is
+  abandoned, not awaited, so a stuck coroutine cannot hold the worker (one that blocks
+  the loop itself can: keep blocking calls in ``asyncio.to_thread``).
 
 Nothing holds a transaction while a handler runs; the lease token guards every write.
 """
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -51,10 +55,12 @@ class AsyncWorker(WorkerBase):
     """Runs ``async def`` handlers for jobs of one or more queues, on one event loop.
 
     The arguments and their meaning are ``Worker``'s (see there), except that
-    handlers must be coroutine functions and there is no prefetch: the worker claims
-    up to ``concurrency`` jobs, since starting a task costs nothing.  Run it with
-    ``await worker.run()``; ``worker.stop()`` (from the loop, a signal handler or
-    another thread) ends it gracefully.
+    handlers must be coroutine functions.  ``prefetch`` works as there: by default
+    about as many jobs beyond ``concurrency`` as the handlers finish during one claim
+    round trip (up to 2 x concurrency), so short jobs are claimed and completed in
+    batches instead of a few at a time.  Run it with ``await worker.run()``;
+    ``worker.stop()`` (from the loop, a signal handler or another thread) ends it
+    gracefully.
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class AsyncWorker(WorkerBase):
         sweep_interval: float = 2.0,
         job_timeout: float | None = None,
         listen: bool = True,
+        prefetch: int | None = None,
         shutdown_grace: float = 30.0,
         on_event: Callable[[str, Job], None] | None = None,
         on_measure: Callable[[str, float, str | None], None] | None = None,
@@ -112,8 +119,15 @@ class AsyncWorker(WorkerBase):
                     "not (use Worker for plain functions)"
                 )
         self._q: AsyncQueue | None = None
-        self._held: dict[Attempt, Job] = {}
-        self._tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
+        self._claim_rtt = 0.002
+        self._mean_runtime = 1.0
+        self._more = False  # the last claim came back full: more work may wait
+        self._held: dict[Attempt, Job] = {}  # claimed and not yet written back
+        self._unstarted: deque[Job] = deque()  # held, waiting for a free handler slot
+        # The running handlers' tasks; a task leaves when its outcome is handed to the
+        # writer (or it is abandoned), so its done callback then finds it gone.
+        self._tasks: dict[Attempt, asyncio.Task[Any]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
@@ -142,6 +156,11 @@ class AsyncWorker(WorkerBase):
 
     def inflight(self) -> list[Job]:
         return list(self._held.values())
+
+    @property
+    def prefetch(self) -> int:
+        """Jobs claimed beyond ``concurrency`` right now."""
+        return self.adaptive_prefetch(self._fixed_prefetch, self._mean_runtime, self._claim_rtt)
 
     # -- run -------------------------------------------------------------------------------
 
@@ -232,11 +251,10 @@ class AsyncWorker(WorkerBase):
             if self.retention is not None and now >= next_prune:
                 await self._prune()
                 next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
-            more = False
-            free = self.concurrency - len(self._held)
-            if free > 0:
+            free = self.capacity - len(self._held)
+            if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
-                    more = await self._claim_some(free)
+                    self._more = await self._claim_some(free)
                     failures = 0
                 except _DB_ERRORS as exc:
                     failures += 1
@@ -250,10 +268,10 @@ class AsyncWorker(WorkerBase):
                             self._stopping.wait(), backoff(failures, base=0.05, cap=5.0)
                         )
                     continue
-            if more and self.concurrency - len(self._held) > 0:
-                continue
+            if self._more and self.capacity - len(self._held) >= self._refill_batch:
+                continue  # more work is waiting and a batch fits: claim again at once
             # Full, a finishing job wakes us; after a full claim we claim again at once.
-            busy = more or self.concurrency - len(self._held) <= 0
+            busy = self._more or self.capacity - len(self._held) <= 0
             if await self._say_waiting(busy, now):
                 continue  # claim again now that producers notify us
             timeout = self._look_again_in(self.poll_interval, time.monotonic())
@@ -293,53 +311,87 @@ class AsyncWorker(WorkerBase):
             )
             rtt = time.monotonic() - began
             self._cursor.claimed(name, start, jobs, rtt, began + rtt)
+            self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
             for job in jobs:
                 self._held[job.attempt] = job
             self._claimed(name, jobs, rtt)
-            for job in jobs:
-                task = asyncio.create_task(self._run_one(job), name=f"skiplock-job-{job.id}")
-                self._tasks[job.attempt] = task
+            self._unstarted.extend(jobs)
+            self._start_unstarted()
             more = more or len(jobs) == free
             free -= len(jobs)
         return more
 
-    async def _run_one(self, job: Job) -> None:
-        assert self._outcomes is not None
+    def _start_unstarted(self) -> None:
+        """Start held jobs while a handler slot is free (not once stopping: the
+        shutdown releases those still waiting)."""
+        assert self._stopping is not None
+        while self._unstarted and len(self._tasks) < self.concurrency:
+            if self._stopping.is_set():
+                return
+            self._start(self._unstarted.popleft())
+
+    def _start(self, job: Job) -> None:
+        assert self._loop is not None
         self._emit("started", job)
-        handler = self._handlers[job.queue]
         timeout = self.timeout_for(job)
-        task = asyncio.ensure_future(handler(job))
-        watcher = asyncio.ensure_future(self._watch_cancel(task, job))
-        try:
-            done, _ = await asyncio.wait({task}, timeout=timeout)
-        except asyncio.CancelledError:
-            task.cancel()  # the worker is stopping past its grace
-            raise
-        finally:
-            watcher.cancel()
-        if not done:
-            # Past its timeout: cancel it and report now.  A handler that ignores the
-            # cancellation is abandoned, like a hung thread in Worker.
-            task.cancel()
-            task.add_done_callback(_log_abandoned)
-            outcome = self._timed_out(job, timeout)
-        elif task.cancelled():
-            outcome = failed_outcome(asyncio.CancelledError(), job, timeout)
+        task = self._loop.create_task(self._handlers[job.queue](job), name=f"skiplock-job-{job.id}")
+        self._tasks[job.attempt] = task
+        timer = (
+            self._loop.call_later(timeout, self._time_out, job, task, timeout) if timeout else None
+        )
+        task.add_done_callback(
+            functools.partial(self._handler_done, job, timer, timeout, time.monotonic())
+        )
+        if job.cancelled:
+            task.cancel()  # cancelled before it started
+
+    def _handler_done(
+        self,
+        job: Job,
+        timer: asyncio.TimerHandle | None,
+        timeout: float | None,
+        began: float,
+        task: asyncio.Task[Any],
+    ) -> None:
+        """The handler's task ended: classify it and hand the outcome to the writer."""
+        if timer is not None:
+            timer.cancel()
+        if self._tasks.get(job.attempt) is not task:
+            return  # timed out (reported then) or abandoned at shutdown
+        del self._tasks[job.attempt]
+        self._mean_runtime += 0.05 * (time.monotonic() - began - self._mean_runtime)
+        if task.cancelled():
+            if job.cancelled:
+                outcome = failed_outcome(asyncio.CancelledError(), job, timeout)
+            else:  # cancelled by the handler itself or a stranger: try again later
+                outcome = Outcome("retry", "the handler's task was cancelled")
         elif (exc := task.exception()) is not None:
             outcome = failed_outcome(exc, job, timeout)
         else:
             outcome = ok_outcome(job, task.result(), self._settings.max_result_bytes)
-        self._tasks.pop(job.attempt, None)
-        await self._outcomes.put((job, outcome))
+        self._hand_over(job, outcome)
 
-    @staticmethod
-    async def _watch_cancel(task: asyncio.Future[Any], job: Job) -> None:
-        # The heartbeat marks the job; its handler's task is cancelled here.
-        while not task.done():
-            if job.cancelled:
+    def _time_out(self, job: Job, task: asyncio.Task[Any], timeout: float) -> None:
+        """Past its timeout: cancel the handler and report now.  One that ignores the
+        cancellation is abandoned, like a hung thread in Worker."""
+        if self._tasks.get(job.attempt) is not task:
+            return
+        del self._tasks[job.attempt]
+        task.cancel()
+        task.add_done_callback(_log_abandoned)
+        self._hand_over(job, self._timed_out(job, timeout))
+
+    def _hand_over(self, job: Job, outcome: Outcome) -> None:
+        assert self._outcomes is not None
+        self._outcomes.put_nowait((job, outcome))
+        self._start_unstarted()  # its slot is free
+
+    def _cancel_requested(self) -> None:
+        """Cancel the handlers of jobs a heartbeat found cancelled."""
+        for attempt, task in list(self._tasks.items()):
+            job = self._held.get(attempt)
+            if job is not None and job.cancelled and not task.done():
                 task.cancel()
-                return
-            await asyncio.sleep(0.02)
 
     async def _sweep(self) -> None:
         assert self._q is not None and self._wake is not None
@@ -465,6 +517,7 @@ class AsyncWorker(WorkerBase):
             return
         for job in self.beaten(jobs, res):
             self._held.pop(job.attempt, None)
+        self._cancel_requested()
 
     # -- listener ------------------------------------------------------------------------
 
@@ -507,16 +560,22 @@ class AsyncWorker(WorkerBase):
     async def _shutdown(self, helpers: list[asyncio.Task[None]]) -> None:
         assert self._q is not None and self._outcomes is not None
         grace = 0.0 if self._hard else self.shutdown_grace
+        unstarted = list(self._unstarted)
+        self._unstarted.clear()
+        if unstarted:
+            await self._release(unstarted)
         running = list(self._tasks.values())
         if running:
             _, late = await asyncio.wait(running, timeout=grace) if grace > 0 else (set(), running)
             if late:
-                left = [j for a, j in list(self._held.items()) if self._tasks.get(a) in late]
+                cut = {a: t for a, t in self._tasks.items() if t in late}
+                left = [self._held[a] for a in cut if a in self._held]
                 self.abandon(left, grace)
-                for task in late:
+                for attempt, task in cut.items():
+                    del self._tasks[attempt]  # its done callback must not report it
                     task.cancel()
                 # Their outcomes are not written: the jobs run again after the lease.
-                self._forget([j for a, j in list(self._held.items()) if a in self._tasks])
+                self._forget(left)
         await self._outcomes.put(None)
         writer = helpers[0]
         try:
@@ -533,6 +592,18 @@ class AsyncWorker(WorkerBase):
         await self._q.close()
         self._loop = None
         logger.info("async worker %s stopped: %s", self.name, self.stats.snapshot())
+
+    async def _release(self, jobs: list[Job]) -> None:
+        """Give back held jobs no handler started (a stop): released, not failed."""
+        assert self._q is not None
+        for attempt in range(1, 6):
+            try:
+                self.released(jobs, await self._q.release_many(jobs))
+                break
+            except _DB_ERRORS as exc:
+                logger.warning("worker %s: release failed (%s)", self.name, one_line(exc))
+                await asyncio.sleep(backoff(attempt))
+        self._forget(jobs)
 
 
 def _log_abandoned(task: asyncio.Task[Any]) -> None:

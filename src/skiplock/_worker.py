@@ -180,18 +180,13 @@ class Worker(WorkerBase):
             task_timeouts=task_timeouts,
             liveness=liveness,
         )
-        # Prefetch keeps handler threads fed while the next claim is in flight, but a
-        # prefetched job waits behind running ones (holding a lease another worker
-        # could have used).  So by default it adapts: about as many jobs as the
-        # handlers finish during one claim round trip, up to 2 x concurrency; zero for
-        # slow jobs, deep for no-op ones.  An explicit number fixes it.
+        # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
         self.fuse_claims = fuse_claims
         # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
         # counting the free slots to registering the jobs: two claims at once would
         # both count the same slots free.
         self._claim_lock = threading.Lock()
-        self._max_prefetch = 2 * concurrency
         self._claim_rtt = 0.002
         self._more = False
         self._q: Queue | None = None  # claims, sweeps, prunes, releases
@@ -223,21 +218,8 @@ class Worker(WorkerBase):
     @property
     def prefetch(self) -> int:
         """Jobs claimed beyond ``concurrency`` right now."""
-        if self._fixed_prefetch is not None:
-            return self._fixed_prefetch
         runtime = self._pool.mean_runtime if self._pool is not None else 1.0
-        wanted = self.concurrency * self._claim_rtt / max(runtime, 1e-6)
-        return min(self._max_prefetch, int(wanted))
-
-    @property
-    def capacity(self) -> int:
-        return self.concurrency + self.prefetch
-
-    @property
-    def _refill_batch(self) -> int:
-        # Once a claim came back full (more work waiting), refill in batches of at
-        # least this many: one claim per finished job would be a round trip per job.
-        return max(1, self.capacity // 2)
+        return self.adaptive_prefetch(self._fixed_prefetch, runtime, self._claim_rtt)
 
     # -- public control ------------------------------------------------------------------
 

@@ -415,6 +415,36 @@ class WorkerBase:
     # gone after 30 s without a refresh (Queue.unserved's default).
     REGISTER_INTERVAL = 10.0
 
+    @property
+    def prefetch(self) -> int:
+        """Jobs claimed beyond ``concurrency`` right now (see adaptive_prefetch)."""
+        raise NotImplementedError
+
+    @property
+    def capacity(self) -> int:
+        """Jobs this worker holds at most: running, prefetched, or awaiting their write."""
+        return self.concurrency + self.prefetch
+
+    @property
+    def _refill_batch(self) -> int:
+        # Once a claim came back full (more work waiting), refill in batches of at
+        # least this many: one claim per finished job would be a round trip per job.
+        return max(1, self.capacity // 2)
+
+    def adaptive_prefetch(self, fixed: int | None, mean_runtime: float, claim_rtt: float) -> int:
+        """Jobs to claim beyond ``concurrency``: ``fixed`` if given, else about as many
+        as the handlers finish during one claim round trip, up to 2 x concurrency.
+
+        Prefetch keeps handlers fed while the next claim is in flight, and lets short
+        jobs be claimed and completed in batches, but a prefetched job waits behind
+        running ones (holding a lease another worker could have used): zero for slow
+        jobs, deep for no-op ones.
+        """
+        if fixed is not None:
+            return fixed
+        wanted = self.concurrency * claim_rtt / max(mean_runtime, 1e-6)
+        return min(2 * self.concurrency, int(wanted))
+
     def _register_due(self, now: float) -> bool:
         return self._registered_at is None or now - self._registered_at >= self.REGISTER_INTERVAL
 

@@ -24,6 +24,8 @@ from skiplock import (
     Retry,
 )
 
+from .test_worker import counts
+
 
 async def until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
     end = time.monotonic() + timeout
@@ -215,6 +217,57 @@ def test_concurrency_limit_holds_for_async_workers(queue: Queue) -> None:
     with_worker(queue, handler, body, concurrency=8)
     assert running["most"] == 2
     assert {queue.get(i).status for i in ids} == {"done"}  # type: ignore[union-attr]
+
+
+def test_prefetch_holds_more_jobs_but_runs_only_concurrency_handlers(queue: Queue) -> None:
+    running = {"now": 0, "most": 0, "held": 0}
+    worker: list[AsyncWorker] = []
+
+    async def handler(job: Job) -> None:
+        running["now"] += 1
+        running["most"] = max(running["most"], running["now"])
+        running["held"] = max(running["held"], len(worker[0].inflight()))
+        await asyncio.sleep(0.01)
+        running["now"] -= 1
+
+    ids = queue.enqueue_many([{}] * 30)
+
+    async def body(w: AsyncWorker, aq: AsyncQueue) -> None:
+        worker.append(w)
+        await until(lambda: w.stats.snapshot()["completed"] == 30, what="drain")
+
+    with_worker(queue, handler, body, concurrency=2, prefetch=4)
+    assert running["most"] == 2
+    assert running["held"] == 6  # claimed in batches beyond the running two
+    assert {queue.get(i).status for i in ids} == {"done"}  # type: ignore[union-attr]
+
+
+def test_graceful_stop_releases_prefetched_jobs_no_handler_started(queue: Queue) -> None:
+    gate = asyncio.Event()
+    started: list[int] = []
+
+    async def handler(job: Job) -> None:
+        started.append(job.id)
+        await gate.wait()
+
+    ids = queue.enqueue_many([{}] * 4)
+
+    async def body(w: AsyncWorker, aq: AsyncQueue) -> None:
+        await until(lambda: len(started) == 1 and w.stats.claimed == 4, what="claims")
+        w.stop()
+        # The three unstarted come back while the running one finishes in the grace.
+        await until(lambda: counts(queue).get("pending") == 3, what="release")
+        gate.set()
+
+    w = with_worker(queue, handler, body, concurrency=1, prefetch=3, shutdown_grace=10)
+    assert w.stats.released == 3
+    for job_id in ids:
+        got = queue.get(job_id)
+        assert got is not None
+        if job_id == started[0]:
+            assert got.status == "done" and got.attempts == 1
+        else:
+            assert got.status == "pending" and got.attempts == 0
 
 
 def test_two_async_workers_run_each_job_exactly_once(
