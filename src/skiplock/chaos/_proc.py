@@ -90,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     def on_event(event: str, job: Job) -> None:
         history.job_event(event, job, worker=name)
 
-    commit: dict[str, Any] = {}
+    # What the run chose; the rest are the Worker's own defaults.
+    chosen: dict[str, Any] = {}
     if cfg.get("synchronous_commit") is not None:
-        commit["synchronous_commit"] = bool(cfg["synchronous_commit"])
+        chosen["synchronous_commit"] = bool(cfg["synchronous_commit"])
+    if cfg.get("fuse_claims") is not None:
+        chosen["fuse_claims"] = bool(cfg["fuse_claims"])
     failures = 0
     while not stop.is_set():
         worker = Worker(
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             job_timeout=job_timeout,
             shutdown_grace=2.0,
             on_event=on_event,
-            **commit,
+            **chosen,
         )
         current[:] = [worker]
         try:

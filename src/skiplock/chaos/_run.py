@@ -92,6 +92,9 @@ class ChaosConfig:
     fault_share: float = 0.6
     # failover: the primary waits for the standby before acknowledging a commit.
     sync_replication: bool = True
+    # Workers complete each batch and claim the slots it frees in one transaction.
+    # None: the Worker's own default.
+    fuse_claims: bool | None = None
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -141,6 +144,14 @@ class ChaosConfig:
         default = inspect.signature(Worker).parameters["synchronous_commit"].default
         return bool(default)
 
+    @property
+    def worker_fuse_claims(self) -> bool:
+        """Whether the workers fuse claims with completions (the Worker's default when
+        None)."""
+        if self.fuse_claims is not None:
+            return self.fuse_claims
+        return bool(inspect.signature(Worker).parameters["fuse_claims"].default)
+
 
 @dataclass
 class ChaosReport:
@@ -174,6 +185,7 @@ class ChaosReport:
             "rate": self.config.rate,
             "lease": self.config.lease,
             "synchronous_commit": self.config.worker_synchronous_commit,
+            "fuse_claims": self.config.worker_fuse_claims,
             "replication": (
                 ("synchronous" if self.config.sync_replication else "asynchronous")
                 if self.config.needs_replicas
@@ -373,6 +385,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "concurrency": cfg.concurrency,
             "job_timeout": cfg.job_timeout,
             "synchronous_commit": cfg.synchronous_commit,
+            "fuse_claims": cfg.fuse_claims,
         }
         fleet = ProcessFleet(spec, hist_dir, run.history)
         ctx = FaultContext(
