@@ -295,14 +295,7 @@ class AsyncWorker(WorkerBase):
                 if free <= 0 or self._stopping.is_set():
                     break
                 claim = self._claim_round(name, free)
-                jobs = await self._q.claim(
-                    worker=self.name,
-                    queue=name,
-                    limit=free,
-                    lease=self.lease,
-                    start=claim.start,
-                    tasks=self.tasks,
-                )
+                jobs = await self._q.claim(**self._claim_args(claim))
                 self._take(name, jobs, self._claim_landed(claim, jobs))
                 more = more or len(jobs) == free
                 free -= len(jobs)

@@ -394,14 +394,7 @@ class Worker(WorkerBase):
             if free <= 0 or self._stopping.is_set():
                 break
             claim = self._claim_round(name, free)
-            jobs = self._q.claim(
-                worker=self.name,
-                queue=name,
-                limit=free,
-                lease=self.lease,
-                start=claim.start,
-                tasks=self.tasks,
-            )
+            jobs = self._q.claim(**self._claim_args(claim))
             rtt = self._claim_landed(claim, jobs)
             self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
             self._take(name, jobs, claim.began, rtt)

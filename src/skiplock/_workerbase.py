@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from ._base import MakeOp, QueueBase, QueueSettings, _clamp_delay
 from ._config import validate_queue
@@ -165,6 +165,17 @@ def log_job(
             error,
             extra={**fields, "event": "traceback"},
         )
+
+
+class ClaimArgs(TypedDict):
+    """A worker's claim, as the keyword arguments of ``claim`` and ``_claim_op``."""
+
+    worker: str
+    queue: str
+    limit: int
+    lease: float
+    start: ClaimPosition | None
+    tasks: Sequence[str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +409,18 @@ class WorkerBase:
         began = time.monotonic()
         return ClaimRound(name, limit, began, self._cursor.start(name, began))
 
+    def _claim_args(self, claim: ClaimRound) -> ClaimArgs:
+        """The statement's arguments: the same for the claim loop's claims and the
+        writer's fused ones."""
+        return ClaimArgs(
+            worker=self.name,
+            queue=claim.queue,
+            limit=claim.limit,
+            lease=self.lease,
+            start=claim.start,
+            tasks=self.tasks,
+        )
+
     def _claim_landed(self, claim: ClaimRound, jobs: Sequence[Job]) -> float:
         """Move the claim cursor past what ``claim`` returned; returns its round trip."""
         rtt = time.monotonic() - claim.began
@@ -414,8 +437,7 @@ class WorkerBase:
         if free <= 0:
             return None
         claim = self._claim_round(self._queue_order()[0], free)
-        op = q._claim_op(self.name, claim.queue, free, self.lease, True, claim.start, self.tasks)
-        return claim, op
+        return claim, q._claim_op(own_transaction=True, **self._claim_args(claim))
 
     def _claimed(self, name: str, jobs: Sequence[Job], rtt: float) -> None:
         """Count and report one claim statement's answer (before the jobs start)."""
