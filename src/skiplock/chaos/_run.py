@@ -95,6 +95,8 @@ class ChaosConfig:
     # Workers complete each batch and claim the slots it frees in one transaction.
     # None: the Worker's own default.
     fuse_claims: bool | None = None
+    # The worker processes run AsyncWorker (the handlers in threads of its loop).
+    async_workers: bool = False
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -186,6 +188,7 @@ class ChaosReport:
             "lease": self.config.lease,
             "synchronous_commit": self.config.worker_synchronous_commit,
             "fuse_claims": self.config.worker_fuse_claims,
+            "async_workers": self.config.async_workers,
             "replication": (
                 ("synchronous" if self.config.sync_replication else "asynchronous")
                 if self.config.needs_replicas
@@ -386,6 +389,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "job_timeout": cfg.job_timeout,
             "synchronous_commit": cfg.synchronous_commit,
             "fuse_claims": cfg.fuse_claims,
+            "async_workers": cfg.async_workers,
         }
         fleet = ProcessFleet(spec, hist_dir, run.history)
         ctx = FaultContext(
