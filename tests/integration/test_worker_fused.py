@@ -20,39 +20,29 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from skiplock import App, AsyncQueue, AsyncWorker, Job, Queue, Worker
+from skiplock import App, AsyncQueue, Job, Queue
 from skiplock._queue import run_op
 from skiplock._workerbase import WorkerBase
 
-from .test_worker import counts, running, wait_until
+from .test_worker import counts, wait_until
+from .test_worker_logs import KINDS
+from .test_worker_logs import running as either_worker
 
-KINDS = ["thread", "async"]
 HERE = Path(__file__).parent
 
 
 @contextmanager
 def fused(kind: str, queue: Queue, handler: Callable[[Job], Any], **kw: Any) -> Iterator[Any]:
-    """A worker of ``kind`` with ``fuse_claims=True`` running ``handler`` until the block
-    ends.  The async worker runs on an event loop of its own thread, and the handler, a
-    plain function that may block, in a thread of that loop (``asyncio.to_thread``)."""
-    if kind == "thread":
-        with running(Worker(queue, handler, fuse_claims=True, **kw)) as w:
-            yield w
-        return
+    """A worker of ``kind`` with ``fuse_claims=True`` running ``handler``, a plain function
+    that may block: the async worker runs it in a thread of its loop."""
 
     async def in_thread(job: Job) -> Any:
         return await asyncio.to_thread(handler, job)
 
-    kw.pop("prefetch", None)  # the async worker has none
-    aw = AsyncWorker(queue, in_thread, fuse_claims=True, **kw)
-    t = threading.Thread(target=asyncio.run, args=(aw.run(),), daemon=True)
-    t.start()
-    try:
-        yield aw
-    finally:
-        aw.stop()
-        t.join(timeout=30)
-        assert not t.is_alive()
+    if kind == "async":
+        kw.pop("prefetch", None)  # the async worker has none
+    with either_worker(kind, queue, handler, in_thread, fuse_claims=True, **kw) as w:
+        yield w
 
 
 @dataclass
