@@ -545,6 +545,10 @@ class Worker(WorkerBase):
                 return res
             self._take(claim.queue, claimed, claim.began, rtt)
             self._more = len(claimed) == claim.limit
+        if not self._more and self._told_waiting is not True:
+            # This claim found the queue dry, not the claim loop's: the loop sleeps while
+            # the row says busy (no notifications), so wake it to look and say it waits.
+            self._wake.set()
         return res
 
     def _forget(self, jobs: Sequence[Job]) -> None:
