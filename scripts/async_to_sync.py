@@ -30,6 +30,7 @@ FILES = {"_aqueue.py": "_queue.py"}
 NAMES = {
     "AsyncQueue": "Queue",
     "arun_op": "run_op",
+    "arun_together": "run_together",
     "_areconnecting": "_reconnecting",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",

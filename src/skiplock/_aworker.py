@@ -39,6 +39,7 @@ from ._base import QueueBase, backoff
 from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, Outcome, failed_outcome, ok_outcome
 from ._job import Attempt, Job
+from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
@@ -60,7 +61,9 @@ class AsyncWorker(WorkerBase):
     round trip (up to 2 x concurrency), so short jobs are claimed and completed in
     batches instead of a few at a time.  Run it with ``await worker.run()``;
     ``worker.stop()`` (from the loop, a signal handler or another thread) ends it
-    gracefully.
+    gracefully.  ``fuse_claims`` sends each batch of completions and the claim of the
+    slots it frees in one pipelined transaction, on one pooled connection (psycopg's
+    async pipeline), as ``Worker`` does.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class AsyncWorker(WorkerBase):
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
+        fuse_claims: bool = False,
     ) -> None:
         super().__init__(
             queue,
@@ -111,6 +115,7 @@ class AsyncWorker(WorkerBase):
             tasks=tasks,
             task_timeouts=task_timeouts,
             liveness=liveness,
+            fuse_claims=fuse_claims,
         )
         for queue_name, fn in self._handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -133,6 +138,10 @@ class AsyncWorker(WorkerBase):
         self._wake: asyncio.Event | None = None
         self._outcomes: asyncio.Queue[tuple[Job, Outcome] | None] | None = None
         self._beat_now: asyncio.Event | None = None
+        # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
+        # counting the free slots to holding the jobs: two claims awaited at once would
+        # both count the same slots free.
+        self._claim_lock: asyncio.Lock | None = None
         self._stop_requested = False
         self._hard = False
 
@@ -175,6 +184,7 @@ class AsyncWorker(WorkerBase):
             asyncio.Event(),
         )
         self._outcomes = asyncio.Queue()
+        self._claim_lock = asyncio.Lock()
         if self._stop_requested:
             self._stopping.set()
         self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=3)
@@ -295,31 +305,29 @@ class AsyncWorker(WorkerBase):
 
     async def _claim_some(self, free: int) -> bool:
         assert self._q is not None and self._stopping is not None
+        assert self._claim_lock is not None
         more = False
-        for name in self._queue_order():
-            if free <= 0 or self._stopping.is_set():
-                break
-            began = time.monotonic()
-            start = self._cursor.start(name, began)
-            jobs = await self._q.claim(
-                worker=self.name,
-                queue=name,
-                limit=free,
-                lease=self.lease,
-                start=start,
-                tasks=self.tasks,
-            )
-            rtt = time.monotonic() - began
-            self._cursor.claimed(name, start, jobs, rtt, began + rtt)
-            self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
-            for job in jobs:
-                self._held[job.attempt] = job
-            self._claimed(name, jobs, rtt)
-            self._unstarted.extend(jobs)
-            self._start_unstarted()
-            more = more or len(jobs) == free
-            free -= len(jobs)
+        async with self._claim_lock:
+            free = min(free, self.capacity - len(self._held))
+            for name in self._queue_order():
+                if free <= 0 or self._stopping.is_set():
+                    break
+                claim = self._claim_round(name, free)
+                jobs = await self._q.claim(**self._claim_args(claim))
+                rtt = self._claim_landed(claim, jobs)
+                self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
+                self._take(name, jobs, rtt)
+                more = more or len(jobs) == free
+                free -= len(jobs)
         return more
+
+    def _take(self, name: str, jobs: Sequence[Job], rtt: float) -> None:
+        """Hold the jobs a claim returned and start as many as handler slots allow."""
+        for job in jobs:
+            self._held[job.attempt] = job
+        self._claimed(name, jobs, rtt)
+        self._unstarted.extend(jobs)
+        self._start_unstarted()
 
     def _start_unstarted(self) -> None:
         """Start held jobs while a handler slot is free (not once stopping: the
@@ -485,10 +493,13 @@ class AsyncWorker(WorkerBase):
                 next_beat = time.monotonic() + self.heartbeat_interval
 
     async def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
-        assert self._q is not None
+        assert self._q is not None and self._stopping is not None
         done, failed = self.split(batch)
         if done:
-            res = await self._q.complete_many(done, _recheck=recheck)
+            if self.fuse_claims and not self._stopping.is_set():
+                res = await self._complete_and_claim(done, recheck)
+            else:
+                res = await self._q.complete_many(done, _recheck=recheck)
             self.completed(done, res)
             self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
@@ -496,6 +507,32 @@ class AsyncWorker(WorkerBase):
             res = await self._q.fail_many(failed, _recheck=recheck)
             self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
+
+    async def _complete_and_claim(self, done: list[tuple[Job, Any]], recheck: bool) -> FenceResult:
+        """Complete ``done`` and claim the slots it frees, in one pipelined transaction
+        (``AsyncQueue._complete_and_claim``; what a failure means is said there)."""
+        assert self._q is not None and self._claim_lock is not None
+        assert self._stopping is not None
+        q = self._q
+        if self._claim_lock.locked():
+            # The claim loop is claiming: it claims the slots freed here next (_forget
+            # wakes it).  Waiting for its claim would hold back the heartbeats, which
+            # this task sends too.
+            return await q.complete_many(done, _recheck=recheck)
+        async with self._claim_lock:
+            fused = self._fused_round(q, self.capacity - len(self._held) + len(done))
+            if fused is None:
+                return await q.complete_many(done, _recheck=recheck)
+            claim, op = fused
+            res, claimed = await q._complete_and_claim(done, op, recheck=recheck)
+            rtt = self._claim_landed(claim, claimed)
+            if self._stopping.is_set():
+                # Stopped meanwhile: the shutdown may already be waiting on the tasks
+                # it saw; these would start behind its back.
+                self.released(claimed, await q.release_many(claimed))
+                return res
+            self._take(claim.queue, claimed, rtt)
+        return res
 
     def _forget(self, jobs: Sequence[Job]) -> None:
         for job in jobs:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from psycopg import errors as pgerrors
 from psycopg import sql
@@ -36,6 +36,7 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "fenced",
+    "resumed",
 ]
 
 T = TypeVar("T")
@@ -478,3 +479,23 @@ def fenced(
     result.done = {job_id: r for (job_id, _), r in reached.items()}
     result.lost = [j.id for j in jobs if (j.id, j.lease_token) not in reached]
     return result
+
+
+def resumed(op: Op[T], rows: list[Row]) -> Op[T]:
+    """``op`` past its first step, which ``rows`` answered: the rest, for a driver to
+    run as any other op (errors it throws in reach ``op`` too).
+
+    For a driver that sends the first steps of several ops together (a pipeline) and
+    then lets each op go on alone.
+    """
+    try:
+        step = op.send(rows)
+        while True:
+            try:
+                answer = yield step
+            except Exception as exc:
+                step = op.throw(exc)
+            else:
+                step = op.send(answer)
+    except StopIteration as stop:
+        return cast(T, stop.value)

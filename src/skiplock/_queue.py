@@ -37,10 +37,10 @@ from ._config import RetryPolicy
 from ._control import QueueConfig
 from ._errors import DatabaseUnavailable
 from ._job import Job
-from ._ops import ClaimPosition, Copy, Execute, FenceResult, Op
+from ._ops import ClaimPosition, Copy, Execute, FenceResult, Op, resumed
 from ._sql import channel_name
 
-__all__ = ["Queue", "run_op"]
+__all__ = ["Queue", "run_op", "run_together"]
 T = TypeVar("T")
 
 
@@ -70,6 +70,30 @@ def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
         return cast(T, stop.value)
     finally:
         cur.close()
+
+
+def run_together(
+    conn: psycopg.Connection[Any], complete: Op[FenceResult], claim: Op[list[Job]]
+) -> tuple[FenceResult, list[Job]]:
+    """The first statement of each operation in one transaction, sent in one pipeline
+    (one round trip, one commit); each operation's further steps, if it has any, run
+    after the commit on the same connection, one at a time."""
+    ops: list[Op[Any]] = [complete, claim]
+    steps = [next(op) for op in ops]
+    cursors = [conn.cursor(row_factory=dict_row) for _ in ops]
+    try:
+        with conn.pipeline(), conn.transaction():
+            for cur, step in zip(cursors, steps, strict=True):
+                assert isinstance(step, Execute)
+                cur.execute(step.query, step.params)
+        out: list[Any] = []
+        for op, cur in zip(ops, cursors, strict=True):
+            rows = cur.fetchall() if cur.description is not None else []
+            out.append(run_op(conn, resumed(op, rows)))
+        return (out[0], out[1])
+    finally:
+        for cur in cursors:
+            cur.close()
 
 
 def _reconnecting(closing: threading.Event) -> type[psycopg.Connection[Any]]:
@@ -419,6 +443,28 @@ class Queue(QueueBase):
         if _count:
             self._count_lost(len(res.lost))
         return res
+
+    def _complete_and_claim(
+        self, items: Sequence[Job | tuple[Job, Any]], claim: MakeOp, *, recheck: bool = False
+    ) -> tuple[FenceResult, list[Job]]:
+        """``complete_many(items)`` and ``claim`` (a ``_claim_op``) in one pipelined
+        transaction: one round trip and one commit where apart there are two.
+
+        Each statement is unchanged: the completion is fenced per job by its token, the
+        claim takes rows with SKIP LOCKED and re-checks them, and both commit at once.
+        What would follow either of them (the recheck after a lost reply, a limited
+        queue's locked path) runs after the commit, as it would on its own.  Not retried
+        here: if the call fails, neither happened (or, with a lost reply, both may have);
+        the caller writes the batch again with ``recheck``, as after any failed write,
+        and jobs claimed unseen come back when their leases run out, as after any claim
+        whose reply was lost.  The workers' ``fuse_claims``.
+        """
+        jobs, params = self._complete_params(items)
+        complete = self._fenced_op("complete", jobs, params, recheck)(False)
+        with self.connection() as conn:
+            res, claimed = run_together(conn, complete, claim(False))
+        self._count_lost(len(res.lost))
+        return (res, claimed)
 
     def fail(
         self, job: Job, error: str | None = None, *, retry: bool = True, delay: float | None = None

@@ -29,20 +29,19 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from queue import Empty, SimpleQueue
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from ._base import backoff, unavailable
 from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Attempt, Job
 from ._lane import Lane
-from ._ops import Execute, FenceResult, Op
+from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
-from ._queue import Queue, run_op
+from ._queue import Queue
 from ._sql import channel_name
 from ._workerbase import Trouble, WorkerBase, WorkerStats, default_worker_name, one_line
 
@@ -51,7 +50,6 @@ __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
-T = TypeVar("T")
 
 
 class Worker(WorkerBase):
@@ -179,10 +177,10 @@ class Worker(WorkerBase):
             tasks=tasks,
             task_timeouts=task_timeouts,
             liveness=liveness,
+            fuse_claims=fuse_claims,
         )
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
-        self.fuse_claims = fuse_claims
         # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
         # counting the free slots to registering the jobs: two claims at once would
         # both count the same slots free.
@@ -377,20 +375,11 @@ class Worker(WorkerBase):
         for name in self._queue_order():
             if free <= 0 or self._stopping.is_set():
                 break
-            began = time.monotonic()
-            start = self._cursor.start(name, began)
-            jobs = self._q.claim(
-                worker=self.name,
-                queue=name,
-                limit=free,
-                lease=self.lease,
-                start=start,
-                tasks=self.tasks,
-            )
-            rtt = time.monotonic() - began
-            self._cursor.claimed(name, start, jobs, rtt, began + rtt)
+            claim = self._claim_round(name, free)
+            jobs = self._q.claim(**self._claim_args(claim))
+            rtt = self._claim_landed(claim, jobs)
             self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
-            self._take(name, jobs, began, rtt)
+            self._take(name, jobs, claim.began, rtt)
             more = more or len(jobs) == free
             free -= len(jobs)
         return more
@@ -521,40 +510,27 @@ class Worker(WorkerBase):
             self._forget([j for j, *_ in failed])
 
     def _complete_and_claim(self, done: list[tuple[Job, Any]], recheck: bool) -> FenceResult:
-        """Complete ``done`` and claim the slots it frees, in one pipelined transaction.
-
-        The two statements are today's ``complete`` and ``claim``, unchanged: the
-        completion is fenced per job by its token, the claim takes rows with SKIP
-        LOCKED and re-checks them, and both commit at once.  What would follow either
-        of them (the recheck after a lost reply, a limited queue's locked path) runs
-        after the commit, as it would on its own.  If the transaction fails, neither
-        happened (or, with a lost reply, both may have): the batch is written again
-        with a recheck, as after any failed write, and jobs claimed unseen come back
-        when their leases run out, as after any claim whose reply was lost.
-        """
+        """Complete ``done`` and claim the slots it frees, in one pipelined transaction
+        (``Queue._complete_and_claim``; what a failure means is said there)."""
         assert self._wq is not None
         wq = self._wq
-        jobs, params = wq._complete_params(done)
         with self._claim_lock:
-            free = self.capacity - self._held() + len(done)
-            if free <= 0:
+            fused = self._fused_round(wq, self.capacity - self._held() + len(done))
+            if fused is None:
                 return wq.complete_many(done, _recheck=recheck)
-            name = self._queue_order()[0]
-            began = time.monotonic()
-            start = self._cursor.start(name, began)
-            complete = wq._fenced_op("complete", jobs, params, recheck)(False)
-            claim = wq._claim_op(self.name, name, free, self.lease, True, start, self.tasks)(False)
-            with wq.connection() as conn:
-                res, claimed = _run_together(conn, complete, claim)
-            rtt = time.monotonic() - began
-            wq._count_lost(len(res.lost))
-            self._cursor.claimed(name, start, claimed, rtt, began + rtt)
+            claim, op = fused
+            res, claimed = wq._complete_and_claim(done, op, recheck=recheck)
+            rtt = self._claim_landed(claim, claimed)
             if self._stopping.is_set():
                 # Stopped meanwhile: the handler pool may already be draining.
                 self.released(claimed, wq.release_many(claimed))
                 return res
-            self._take(name, claimed, began, rtt)
-            self._more = len(claimed) == free
+            self._take(claim.queue, claimed, claim.began, rtt)
+            self._more = len(claimed) == claim.limit
+        if not self._more and self._told_waiting is not True:
+            # This claim found the queue dry, not the claim loop's: the loop sleeps while
+            # the row says busy (no notifications), so wake it to look and say it waits.
+            self._wake.set()
         return res
 
     def _forget(self, jobs: Sequence[Job]) -> None:
@@ -742,43 +718,3 @@ class Worker(WorkerBase):
                 logger.warning("worker %s: release failed (%s)", self.name, one_line(exc))
                 time.sleep(backoff(attempt))
         self._forget(jobs)
-
-
-def _run_together(
-    conn: psycopg.Connection[Any], complete: Op[FenceResult], claim: Op[list[Job]]
-) -> tuple[FenceResult, list[Job]]:
-    """The first statement of each operation in one transaction, sent in one pipeline
-    (one round trip, one commit); each operation's further steps, if it has any, run
-    after the commit on the same connection, one at a time."""
-    ops: list[Op[Any]] = [complete, claim]
-    steps = [next(op) for op in ops]
-    cursors = [conn.cursor(row_factory=dict_row) for _ in ops]
-    try:
-        with conn.pipeline(), conn.transaction():
-            for cur, step in zip(cursors, steps, strict=True):
-                assert isinstance(step, Execute)
-                cur.execute(step.query, step.params)
-        out: list[Any] = []
-        for op, cur in zip(ops, cursors, strict=True):
-            rows = cur.fetchall() if cur.description is not None else []
-            out.append(run_op(conn, _resumed(op, rows)))
-        return out[0], out[1]
-    finally:
-        for cur in cursors:
-            cur.close()
-
-
-def _resumed(op: Op[T], rows: list[Any]) -> Op[T]:
-    """``op`` past its first step, which ``rows`` answered: the rest for ``run_op``,
-    which drives it as any other op (errors it throws in reach ``op`` too)."""
-    try:
-        step = op.send(rows)
-        while True:
-            try:
-                answer = yield step
-            except Exception as exc:
-                step = op.throw(exc)
-            else:
-                step = op.send(answer)
-    except StopIteration as stop:
-        return cast(T, stop.value)

@@ -16,19 +16,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, TypedDict
 
-from ._base import QueueBase, QueueSettings, _clamp_delay
+from ._base import MakeOp, QueueBase, QueueSettings, _clamp_delay
 from ._config import validate_queue
 from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import CANCELLED, Handler, Outcome
 from ._job import Attempt, Job
 from ._liveness import Liveness
-from ._ops import FenceResult
+from ._ops import ClaimPosition, FenceResult
 from ._periodic import Periodic, check_periodic
 
 __all__ = [
+    "ClaimRound",
     "Trouble",
     "WorkerBase",
     "WorkerStats",
@@ -166,6 +167,28 @@ def log_job(
         )
 
 
+class ClaimArgs(TypedDict):
+    """A worker's claim, as the keyword arguments of ``claim`` and ``_claim_op``."""
+
+    worker: str
+    queue: str
+    limit: int
+    lease: float
+    start: ClaimPosition | None
+    tasks: Sequence[str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRound:
+    """One claim statement a worker sends: of which queue, how many jobs at most, when
+    it was sent (monotonic) and where in claim order it starts (``ClaimCursor``)."""
+
+    queue: str
+    limit: int
+    began: float
+    start: ClaimPosition | None
+
+
 class Trouble:
     """The log of one activity that keeps failing (claims, writes, heartbeats): a line
     when it starts failing or the reason changes, one when it works again; never a
@@ -235,6 +258,7 @@ class WorkerBase:
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
+        fuse_claims: bool = False,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -289,6 +313,9 @@ class WorkerBase:
         # A session-level mark needs a session of its own: not behind a pooler.
         self.liveness = liveness and not queue.settings.pooler
         self.shutdown_grace = shutdown_grace
+        # The writer completes a batch and claims the slots it frees in one transaction
+        # (``_fused_round``, the queue's ``_complete_and_claim``).
+        self.fuse_claims = fuse_claims
         self.stats = WorkerStats()
         # Each claim starts past the last one (see ClaimCursor: a held xmin or a long
         # unvacuumed history would otherwise cost every claim a visit per dead entry).
@@ -376,6 +403,41 @@ class WorkerBase:
         order = [self.queues[(self._rotation + i) % n] for i in range(n)]
         self._rotation = (self._rotation + 1) % n
         return order
+
+    def _claim_round(self, name: str, limit: int) -> ClaimRound:
+        """A claim of up to ``limit`` jobs of queue ``name``, about to be sent."""
+        began = time.monotonic()
+        return ClaimRound(name, limit, began, self._cursor.start(name, began))
+
+    def _claim_args(self, claim: ClaimRound) -> ClaimArgs:
+        """The statement's arguments: the same for the claim loop's claims and the
+        writer's fused ones."""
+        return ClaimArgs(
+            worker=self.name,
+            queue=claim.queue,
+            limit=claim.limit,
+            lease=self.lease,
+            start=claim.start,
+            tasks=self.tasks,
+        )
+
+    def _claim_landed(self, claim: ClaimRound, jobs: Sequence[Job]) -> float:
+        """Move the claim cursor past what ``claim`` returned; returns its round trip."""
+        rtt = time.monotonic() - claim.began
+        self._cursor.claimed(claim.queue, claim.start, jobs, rtt, claim.began + rtt)
+        return rtt
+
+    def _fused_round(self, q: QueueBase, free: int) -> tuple[ClaimRound, MakeOp] | None:
+        """The claim a completion batch carries with ``fuse_claims``, for ``free`` slots
+        (counting those the batch frees); None if the worker is full: complete alone.
+
+        The claim is the claim loop's own statement, for the first queue of this
+        round's order, so the rotation goes on across both kinds of claim.
+        """
+        if free <= 0:
+            return None
+        claim = self._claim_round(self._queue_order()[0], free)
+        return claim, q._claim_op(own_transaction=True, **self._claim_args(claim))
 
     def _claimed(self, name: str, jobs: Sequence[Job], rtt: float) -> None:
         """Count and report one claim statement's answer (before the jobs start)."""

@@ -2,6 +2,7 @@
 
 Each records when it ran (wall clock, one host) by appending one line to the file named
 by CONTROL_LOG; a line is written with one os.write, so lines of processes do not mix.
+``noop`` records nothing.
 """
 
 from __future__ import annotations
@@ -23,3 +24,7 @@ def interval(job: Job) -> dict[str, int]:
     finally:
         os.close(fd)
     return {"pid": os.getpid()}
+
+
+def noop(job: Job) -> None:
+    """Does nothing: for tests of what the worker itself writes."""

@@ -130,9 +130,12 @@ def worker_waiting(admin: psycopg.Connection[Any], schema: str, name: str) -> bo
     return None if row is None else row[0]
 
 
+@pytest.mark.parametrize("fuse_claims", [False, True])
 def test_a_busy_worker_says_so_and_turns_waiting_when_the_queue_runs_dry(
-    queue: Queue, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+    queue: Queue, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch, fuse_claims: bool
 ) -> None:
+    # With fuse_claims the claims that run the queue dry are the writer's, not the claim
+    # loop's: the worker must turn waiting all the same, not at its next poll.
     monkeypatch.setattr(WorkerBase, "BUSY_AFTER", 0.2)
     gate = threading.Event()
     done: list[int] = []
@@ -144,7 +147,14 @@ def test_a_busy_worker_says_so_and_turns_waiting_when_the_queue_runs_dry(
     queue.enqueue_many([{} for _ in range(40)])
     name = f"busy-{queue.schema}"
     w = Worker(
-        queue, handler, concurrency=2, prefetch=2, poll_interval=60, name=name, sweep_interval=0.05
+        queue,
+        handler,
+        concurrency=2,
+        prefetch=2,
+        poll_interval=60,
+        name=name,
+        sweep_interval=0.05,
+        fuse_claims=fuse_claims,
     )
     with running(w):
         # Every slot taken and the last claim full: the worker claims again as soon as

@@ -23,6 +23,7 @@ SAME_NAME = {
     "sweep_interval",
     "shutdown_grace",
     "retention",
+    "fuse_claims",
 }
 
 

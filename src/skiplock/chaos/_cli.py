@@ -72,6 +72,8 @@ def render(j: dict[str, Any]) -> None:
         ("  causes", causes or "-"),
         ("duplicated completions", j["duplicated_completions"]),
         ("worker commits", "synchronous" if j["synchronous_commit"] else "asynchronous"),
+        ("worker claims", "fused with completions" if j.get("fuse_claims") else "apart"),
+        ("workers", "AsyncWorker" if j.get("async_workers") else "Worker"),
         ("replication (failover)", j["replication"] or "-"),
         ("re-executed after a crash or failover", j["reexecuted_after_crash"]),
         (
@@ -148,6 +150,18 @@ def _triple(j: dict[str, Any]) -> str:
     help="Workers' commit mode (default: the Worker's own default).",
 )
 @click.option(
+    "--fuse-claims/--apart-claims",
+    "fuse_claims",
+    default=None,
+    help="Workers complete each batch and claim the slots it frees in one transaction, "
+    "or claim apart (default: the Worker's own default).",
+)
+@click.option(
+    "--async-workers",
+    is_flag=True,
+    help="The worker processes run AsyncWorker (handlers in threads of its loop).",
+)
+@click.option(
     "--sync-replication/--async-replication",
     "sync_replication",
     default=True,
@@ -179,6 +193,8 @@ def chaos(
     concurrency: int,
     fault_interval: float,
     synchronous_commit: bool | None,
+    fuse_claims: bool | None,
+    async_workers: bool,
     sync_replication: bool,
     restart_every: float | None,
     seed: int | None,
@@ -206,6 +222,8 @@ def chaos(
         synchronous_commit=synchronous_commit,
         restart_every=restart_every,
         sync_replication=sync_replication,
+        fuse_claims=fuse_claims,
+        async_workers=async_workers,
     )
 
     def progress(msg: str) -> None:

@@ -1,4 +1,5 @@
-"""A chaos worker process: a plain skiplock Worker whose every event goes to a history.
+"""A chaos worker process: a plain skiplock Worker (or AsyncWorker) whose every event
+goes to a history.
 
 Run as ``python -m skiplock.chaos._proc '<json config>'``.  It is a separate process,
 not a thread, so that the fault injector can SIGKILL and SIGSTOP it like a real worker
@@ -9,6 +10,7 @@ host.  The handler's behaviour is chosen per job by the payload's ``k``: ``ok`` 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -19,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skiplock import DatabaseUnavailable, Job, Queue, RetryPolicy, Worker
+from skiplock import AsyncWorker, DatabaseUnavailable, Job, Queue, RetryPolicy, Worker
 
 from ._history import HistoryWriter
 
-__all__ = ["handle", "main", "worker_name"]
+__all__ = ["ahandle", "handle", "main", "worker_name"]
 
 logger = logging.getLogger("skiplock.chaos")
 
@@ -53,6 +55,12 @@ def handle(job: Job) -> None:
         time.sleep(ms / 1000.0)
 
 
+async def ahandle(job: Job) -> None:
+    """``handle`` for the AsyncWorker, in a thread of the loop: a hung one is cancelled
+    at the job timeout and its thread abandoned, as Worker abandons a handler thread."""
+    await asyncio.to_thread(handle, job)
+
+
 def main(argv: list[str] | None = None) -> int:
     global _hang_seconds
     args = sys.argv[1:] if argv is None else argv
@@ -77,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         retry_policy=RetryPolicy(base=0.05, factor=2.0, max_delay=1.0, jitter=0.2),
     )
     stop = threading.Event()
-    current: list[Worker] = []
+    current: list[Worker | AsyncWorker] = []
 
     def on_signal(signum: int, _frame: object) -> None:
         stop.set()
@@ -90,34 +98,46 @@ def main(argv: list[str] | None = None) -> int:
     def on_event(event: str, job: Job) -> None:
         history.job_event(event, job, worker=name)
 
-    commit: dict[str, Any] = {}
+    # What the run chose; the rest are the Worker's own defaults.
+    chosen: dict[str, Any] = {}
     if cfg.get("synchronous_commit") is not None:
-        commit["synchronous_commit"] = bool(cfg["synchronous_commit"])
+        chosen["synchronous_commit"] = bool(cfg["synchronous_commit"])
+    if cfg.get("fuse_claims") is not None:
+        chosen["fuse_claims"] = bool(cfg["fuse_claims"])
     failures = 0
+    options: dict[str, Any] = {
+        "concurrency": int(cfg.get("concurrency", 4)),
+        "lease": float(cfg.get("lease", 2.0)),
+        "name": name,
+        "poll_interval": 0.25,
+        "sweep_interval": float(cfg.get("sweep_interval", 0.5)),
+        "job_timeout": job_timeout,
+        "shutdown_grace": 2.0,
+        "on_event": on_event,
+        **chosen,
+    }
     while not stop.is_set():
-        worker = Worker(
-            queue,
-            handle,
-            concurrency=int(cfg.get("concurrency", 4)),
-            lease=float(cfg.get("lease", 2.0)),
-            name=name,
-            poll_interval=0.25,
-            sweep_interval=float(cfg.get("sweep_interval", 0.5)),
-            job_timeout=job_timeout,
-            shutdown_grace=2.0,
-            on_event=on_event,
-            **commit,
-        )
+        worker: Worker | AsyncWorker
+        if cfg.get("async_workers"):
+            worker = AsyncWorker(queue, ahandle, **options)
+        else:
+            worker = Worker(queue, handle, **options)
         current[:] = [worker]
         try:
-            stats = worker.run()
+            if isinstance(worker, AsyncWorker):
+                stats = asyncio.run(worker.run())
+                # Its pool reconnects on its own; it keeps no count of them.
+                reconnects = 0
+            else:
+                stats = worker.run()
+                reconnects = worker.reconnects
             history.write(
                 {
                     "ev": "proc",
                     "what": "stats",
                     "pid": pid,
                     "stats": stats.snapshot(),
-                    "reconnects": worker.reconnects,
+                    "reconnects": reconnects,
                 }
             )
             break

@@ -92,6 +92,11 @@ class ChaosConfig:
     fault_share: float = 0.6
     # failover: the primary waits for the standby before acknowledging a commit.
     sync_replication: bool = True
+    # Workers complete each batch and claim the slots it frees in one transaction.
+    # None: the Worker's own default.
+    fuse_claims: bool | None = None
+    # The worker processes run AsyncWorker (the handlers in threads of its loop).
+    async_workers: bool = False
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -141,6 +146,14 @@ class ChaosConfig:
         default = inspect.signature(Worker).parameters["synchronous_commit"].default
         return bool(default)
 
+    @property
+    def worker_fuse_claims(self) -> bool:
+        """Whether the workers fuse claims with completions (the Worker's default when
+        None)."""
+        if self.fuse_claims is not None:
+            return self.fuse_claims
+        return bool(inspect.signature(Worker).parameters["fuse_claims"].default)
+
 
 @dataclass
 class ChaosReport:
@@ -174,6 +187,8 @@ class ChaosReport:
             "rate": self.config.rate,
             "lease": self.config.lease,
             "synchronous_commit": self.config.worker_synchronous_commit,
+            "fuse_claims": self.config.worker_fuse_claims,
+            "async_workers": self.config.async_workers,
             "replication": (
                 ("synchronous" if self.config.sync_replication else "asynchronous")
                 if self.config.needs_replicas
@@ -373,6 +388,8 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             "concurrency": cfg.concurrency,
             "job_timeout": cfg.job_timeout,
             "synchronous_commit": cfg.synchronous_commit,
+            "fuse_claims": cfg.fuse_claims,
+            "async_workers": cfg.async_workers,
         }
         fleet = ProcessFleet(spec, hist_dir, run.history)
         ctx = FaultContext(

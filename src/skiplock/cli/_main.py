@@ -408,6 +408,12 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
 )
 @click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction mode).")
 @click.option(
+    "--fuse-claims",
+    is_flag=True,
+    help="Experimental: complete each batch of jobs and claim the slots it frees in one "
+    "pipelined transaction (one commit a batch instead of two).",
+)
+@click.option(
     "--pooler",
     is_flag=True,
     help="The DSN is a transaction pooler (PgBouncer): poll, no prepared statements.",
@@ -498,6 +504,7 @@ def worker(
     poll_interval: float,
     sweep_interval: float,
     no_listen: bool,
+    fuse_claims: bool,
     pooler: bool,
     metrics_port: int | None,
     metrics_addr: str,
@@ -589,6 +596,7 @@ def worker(
             "sweep_interval": sweep_interval,
             "job_timeout": job_timeout,
             "listen": not no_listen,
+            "fuse_claims": fuse_claims,
             "shutdown_grace": shutdown_grace,
             "retention": retention,
             "on_event": None if metrics is None else metrics.on_event,
