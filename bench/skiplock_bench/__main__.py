@@ -333,7 +333,11 @@ def render(
         lines += ["", "| target | median | limit | verdict |", "|---|---|---|---|", *pick]
     sections = (
         ("drain", "Drain: N pre-enqueued no-op jobs until all are finished (jobs/s)"),
-        ("pgbench", "pgbench ceiling: skiplock's own claim + complete SQL, no Python"),
+        (
+            "pgbench",
+            "pgbench ceilings, no Python: skiplock's own claim + complete SQL, and the "
+            "postmortem's plain SQL (issue 19's yardstick)",
+        ),
         ("enqueue", "Enqueue (jobs/s): single calls from one client, and the bulk API"),
         ("pickup", "Pickup latency: idle workers, one job at a time, enqueue to handler start"),
         ("claim", "Claim latency (skiplock Queue.claim(limit=10), one client)"),

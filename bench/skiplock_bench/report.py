@@ -16,6 +16,16 @@ from .common import Key, Results, median
 # stamps them (started_at, finished_at): the one clock every configuration shares.
 DB_CLOCK = "jobs/s, db clock"
 
+# The two pgbench ceilings, by the SQL they run: skiplock's own statements (issue 11
+# compared the drain with it) and the postmortem's plain SQL (issue 19's yardstick).
+OWN_SQL = "skiplock's SQL"
+PLAIN_SQL = "plain SQL"
+
+
+def ceiling_config(what: str, clients: int, batch: int) -> str:
+    return f"{what}: {clients} clients, batch {batch}"
+
+
 LIB_ORDER = {"skiplock": 0, "pgqueuer": 1, "procrastinate": 2, "pgbench": 3}
 COLORS = {"skiplock": "#1f77b4", "pgqueuer": "#ff7f0e", "procrastinate": "#2ca02c"}
 

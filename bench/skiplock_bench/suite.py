@@ -25,7 +25,7 @@ from .common import (
     settle,
 )
 from .procs import ChildSpec, Fleet
-from .report import DB_CLOCK
+from .report import DB_CLOCK, OWN_SQL, PLAIN_SQL, ceiling_config
 from .server import (
     StatementSampler,
     backend_pids,
@@ -340,13 +340,39 @@ class Suite:
     # -- pgbench ceiling -----------------------------------------------------------------
 
     def ceiling(self, rnd: int) -> None:
+        """Both ceilings, skiplock's SQL and the plain SQL, in turns (ABAB, BABA)."""
+        both = [(OWN_SQL, self._ceiling_own), (PLAIN_SQL, self._ceiling_plain)]
+        for what, fn in both if rnd % 2 else both[::-1]:
+            self.guard(f"pgbench {what} round {rnd}", fn, rnd)
+
+    def _ceiling_jobs(self) -> tuple[int, int]:
+        """(transactions per client, jobs): every client claims full batches to the end."""
         cfg = self.cfg
+        per_client = max(1, cfg.pgbench_jobs // (cfg.pgbench_clients * cfg.pgbench_batch))
+        return per_client, per_client * cfg.pgbench_clients * cfg.pgbench_batch
+
+    def _ceiling_own(self, rnd: int) -> None:
         dsn = self.dsns["skiplock"]
         schema = "ceiling"
+        per_client, jobs = self._ceiling_jobs()
         lib_skiplock.setup(dsn, schema)
-        per_client = max(1, cfg.pgbench_jobs // (cfg.pgbench_clients * cfg.pgbench_batch))
-        jobs = per_client * cfg.pgbench_clients * cfg.pgbench_batch
         lib_skiplock.enqueue_bulk(dsn, jobs, schema=schema)
+        self._ceiling_run(rnd, OWN_SQL, schema, per_client, jobs, None)
+
+    def _ceiling_plain(self, rnd: int) -> None:
+        dsn = self.dsns["skiplock"]
+        schema = "ceiling_plain"
+        per_client, jobs = self._ceiling_jobs()
+        pgbench.plain_setup(dsn, schema)
+        pgbench.plain_enqueue(dsn, schema, jobs)
+        script = pgbench.plain_script(schema, self.cfg.pgbench_batch)
+        self._ceiling_run(rnd, PLAIN_SQL, schema, per_client, jobs, script)
+
+    def _ceiling_run(
+        self, rnd: int, what: str, schema: str, per_client: int, jobs: int, script: str | None
+    ) -> None:
+        cfg = self.cfg
+        dsn = self.dsns["skiplock"]
         settle(dsn)
         res = pgbench.run(
             dsn,
@@ -354,8 +380,9 @@ class Suite:
             clients=cfg.pgbench_clients,
             batch=cfg.pgbench_batch,
             transactions=per_client,
+            script=script,
         )
-        config = f"{cfg.pgbench_clients} clients, batch {cfg.pgbench_batch}"
+        config = ceiling_config(what, cfg.pgbench_clients, cfg.pgbench_batch)
         self.results.add(Key("pgbench", "pgbench", config, jobs, "jobs/s"), rnd, res.jobs_per_s)
         self.results.add(Key("pgbench", "pgbench", config, jobs, "latency ms"), rnd, res.latency_ms)
         log(
