@@ -26,6 +26,19 @@ def ceiling_config(what: str, clients: int, batch: int) -> str:
     return f"{what}: {clients} clients, batch {batch}"
 
 
+# skiplock's drain configurations the targets name (suite.variants builds them).
+def worker_config(c: int) -> str:
+    return f"c{c}: 1 process x {c}"
+
+
+def async_config(c: int) -> str:
+    return f"c{c}: AsyncWorker, 1 process x {c}"
+
+
+def cli_config(c: int) -> str:
+    return f"c{c}: skiplock worker CLI x {c}"
+
+
 LIB_ORDER = {"skiplock": 0, "pgqueuer": 1, "procrastinate": 2, "pgbench": 3}
 COLORS = {"skiplock": "#1f77b4", "pgqueuer": "#ff7f0e", "procrastinate": "#2ca02c"}
 
