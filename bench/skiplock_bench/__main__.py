@@ -101,9 +101,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", default="8,32", help="drain concurrencies (default 8,32)")
     p.add_argument(
         "--big-concurrency",
-        default="8",
-        help="concurrencies run at the largest N (default 8: on 2 cores the full grid "
-        "at 200,000 jobs takes an hour)",
+        default="8,32",
+        help="concurrencies run at the largest N by skiplock's one-process Worker, "
+        "AsyncWorker and CLI (default 8,32: issue 19's targets name both; the "
+        "two-process variant runs at the smallest N only)",
     )
     p.add_argument(
         "--procs",
