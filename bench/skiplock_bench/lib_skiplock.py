@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import signal
@@ -10,13 +11,14 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from skiplock import Job, Queue, Worker
+from skiplock import AsyncWorker, Job, Queue, Worker
 
 from .procs import Channel, ChildResult, ChildSpec
 
@@ -94,7 +96,13 @@ def claim_latencies(dsn: str, schema: str, samples: int, batch: int = 10) -> lis
     return out
 
 
-def _worker(spec: ChildSpec, handler: Any, on_event: Any) -> tuple[Queue, Worker]:
+# Options of a drain variant that choose how the bench runs it, not Worker arguments.
+_BENCH_OPTIONS = ("cli", "async")
+
+
+def _worker(spec: ChildSpec, on_event: Any) -> tuple[Queue, dict[str, Any]]:
+    """The queue and the arguments every in-process worker of the bench gets, threaded
+    or asyncio: the same lease, name and hook, and the variant's own options."""
     q = _queue(spec.dsn, spec.schema, spec.name, size=1)
     kwargs: dict[str, Any] = {
         "concurrency": spec.concurrency,
@@ -102,29 +110,44 @@ def _worker(spec: ChildSpec, handler: Any, on_event: Any) -> tuple[Queue, Worker
         "name": spec.name,
         "on_event": on_event,
     }
-    kwargs.update(spec.options)
-    return q, Worker(q, handler, **kwargs)
+    kwargs.update((k, v) for k, v in spec.options.items() if k not in _BENCH_OPTIONS)
+    return q, kwargs
+
+
+class _Tally:
+    """What a drain child reports: each handler execution by job number (the
+    exactly-once check), and each ``completed`` event (fired once the fenced write has
+    committed) into the shared progress counter the bench's clock stops on.  The
+    threaded and the asyncio worker are counted by the same code, so their rates
+    compare."""
+
+    def __init__(self, spec: ChildSpec, chan: Channel) -> None:
+        self.seen: list[int] = []  # list.append is atomic: handler threads need no lock
+        self._lock = threading.Lock()
+        self._done = 0
+        self._index = spec.index
+        self._progress = chan.progress
+
+    def ran(self, job: Job) -> None:
+        self.seen.append(job.payload["n"])
+
+    def on_event(self, event: str, job: Job) -> None:
+        if event == "completed":
+            with self._lock:
+                self._done += 1
+                self._progress[self._index] = self._done
 
 
 def drain_child(spec: ChildSpec, chan: Channel) -> None:
     if spec.options.get("cli"):
         drain_cli_child(spec, chan)
         return
-    seen: list[int] = []  # list.append is atomic: handler threads need no lock
-    lock = threading.Lock()
-    done = 0
-
-    def handler(job: Job) -> None:
-        seen.append(job.payload["n"])
-
-    def on_event(event: str, job: Job) -> None:
-        nonlocal done
-        if event == "completed":
-            with lock:
-                done += 1
-                chan.progress[spec.index] = done
-
-    q, worker = _worker(spec, handler, on_event)
+    if spec.options.get("async"):
+        drain_async_child(spec, chan)
+        return
+    tally = _Tally(spec, chan)
+    q, kwargs = _worker(spec, tally.on_event)
+    worker = Worker(q, tally.ran, **kwargs)
     chan.ready[spec.index].set()
     chan.go.wait()
     thread = worker.start()
@@ -133,8 +156,55 @@ def drain_child(spec: ChildSpec, chan: Channel) -> None:
     thread.join(timeout=60)
     q.close()
     chan.report(
-        ChildResult(index=spec.index, pid=os.getpid(), seen=seen, stats=worker.stats.snapshot())
+        ChildResult(
+            index=spec.index, pid=os.getpid(), seen=tally.seen, stats=worker.stats.snapshot()
+        )
     )
+
+
+def drain_async_child(spec: ChildSpec, chan: Channel) -> None:
+    """The drain with ``AsyncWorker`` and an ``async def`` no-op handler, as
+    ``drain_child`` runs ``Worker``: built before the clock, started on "go" (its event
+    loop and its pool then open on the clock, as the threaded worker's threads and
+    pool do), stopped when the bench has seen N completions.  The default asyncio loop,
+    not uvloop: what ``asyncio.run`` gives a user who installs nothing else."""
+    tally = _Tally(spec, chan)
+
+    async def handler(job: Job) -> None:
+        tally.ran(job)
+
+    q, kwargs = _worker(spec, tally.on_event)
+    worker = AsyncWorker(q, handler, **kwargs)
+    chan.ready[spec.index].set()
+    chan.go.wait()
+    error = asyncio.run(_run_until_stopped(worker, chan))
+    q.close()
+    chan.report(
+        ChildResult(
+            index=spec.index,
+            pid=os.getpid(),
+            seen=tally.seen,
+            stats=worker.stats.snapshot(),
+            error=error,
+        )
+    )
+
+
+async def _run_until_stopped(worker: AsyncWorker, chan: Channel) -> str | None:
+    """Run the worker until the bench says stop; a worker that ends on its own (an
+    error) ends the wait too, and its traceback is returned for the report."""
+    run = asyncio.create_task(worker.run())
+    stop = asyncio.create_task(asyncio.to_thread(chan.stop.wait))
+    await asyncio.wait({run, stop}, return_when=asyncio.FIRST_COMPLETED)
+    worker.stop()
+    try:
+        await run
+    except Exception:
+        return traceback.format_exc()
+    finally:
+        # The bench sets "stop" in any case (Fleet.finish); until then the thread waits.
+        await stop
+    return None
 
 
 def cli_command(spec: ChildSpec) -> list[str]:
@@ -230,7 +300,8 @@ def pickup_child(spec: ChildSpec, chan: Channel) -> None:
         seen.append(job.payload["n"])
         chan.got.set()
 
-    q, worker = _worker(spec, handler, None)
+    q, kwargs = _worker(spec, None)
+    worker = Worker(q, handler, **kwargs)
     thread = worker.start()
     time.sleep(0.5)  # connected, listening and idle before the first job
     chan.ready[spec.index].set()

@@ -9,7 +9,8 @@ for a drain of N no-op jobs through:
 - ``skiplock-sql``: pgbench running skiplock's own claim and complete (batch 10, 8
   clients), the ceiling of skiplock's schema with no Python in the loop;
 - ``plain``: pgbench running the postmortem's fixed claim and its completion, batched
-  (batch 10, 8 clients) on the postmortem's table: the plain-SQL ceiling of issue 19.
+  (batch 10, 8 clients) on the postmortem's table: the plain-SQL ceiling of issue 19,
+  the same statements ``bench/run``'s pgbench section times (``pgbench.plain_*``).
 
 Each subject also reports its enqueue of the N jobs (bulk) and the ``VACUUM`` that
 cleans up after the drain: the cost a drain defers to vacuum, which is what rotating or
@@ -66,46 +67,6 @@ from . import lib_skiplock, pgbench, scratch
 from .common import CLK_TCK, DEFAULT_DSN, find_pgbench, loadavg, log
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
-
-# The postmortem's table after its fix, and its fixed claim, as the article has them.
-PLAIN_SCHEMA = """
-CREATE TABLE {s}.jobs (
-    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    status       text NOT NULL DEFAULT 'pending',
-    payload      jsonb NOT NULL,
-    worker       text,
-    started_at   timestamptz,
-    locked_until timestamptz,
-    attempts     int NOT NULL DEFAULT 0
-);
-CREATE INDEX jobs_claimable_idx ON {s}.jobs (id) WHERE status = 'pending';
-"""
-
-# Its claim, and its completion batched (the article completes one job per statement;
-# the issue's ceiling completes the batch in one, as skiplock does).  Two statements,
-# each its own transaction, as the article's worker and skiplock's Worker run them.
-PLAIN_SCRIPT = """\\set limit {batch}
-WITH picked AS (
-    SELECT id FROM {s}.jobs
-    WHERE status = 'pending'
-    ORDER BY id
-    LIMIT :limit
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE {s}.jobs j
-    SET status = 'running',
-        started_at = now(),
-        locked_until = now() + interval '5 minutes',
-        attempts = j.attempts + 1,
-        worker = :worker
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id
-)
-SELECT coalesce(array_agg(id), '{{}}') AS ids FROM claimed \\gset
-UPDATE {s}.jobs SET status = 'done', locked_until = NULL
-WHERE id = ANY(:ids::bigint[]) AND worker = :worker;
-"""
 
 # The bench's own statements carry this comment (pg_stat_statements keeps it in the
 # query text) and are left out of the round-trip count.
@@ -434,25 +395,17 @@ def subject_skiplock_sql(
 
 
 def subject_plain(mon: Monitor, n: int, clients: int, batch: int) -> list[Phase]:
+    """The plain-SQL ceiling's table and statements, as ``bench/run``'s pgbench section
+    runs them (``pgbench.plain_*``), counted per job."""
     name, schema = "plain", "plain"
-    s = sql.Identifier(schema)
-    mon.q(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
-    mon.q(sql.SQL("CREATE SCHEMA {}").format(s))
-    mon.q(sql.SQL(PLAIN_SCHEMA.replace("{s}", "{}")).format(s, s))
+    pgbench.plain_setup(mon.dsn, schema)
 
     def enqueue() -> None:
-        with psycopg.connect(mon.dsn, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {}.jobs (payload) "
-                    "SELECT jsonb_build_object('n', g) FROM generate_series(1, %s) g"
-                ).format(s),
-                (n,),
-            )
+        pgbench.plain_enqueue(mon.dsn, schema, n)
 
     enq = mon.measure(name, "enqueue (one INSERT)", schema, n, enqueue)
-    mon.q(sql.SQL("ANALYZE {}.jobs").format(s))
-    script = PLAIN_SCRIPT.format(batch=batch, s='"plain"')
+    mon.q(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
+    script = pgbench.plain_script(schema, batch)
     drain = mon.measure(name, "drain", schema, n, _pgbench(mon.dsn, script, n, clients, batch))
     drain.jobs = _done(mon.dsn, schema)
     vac = mon.measure(name, "vacuum", schema, drain.jobs, _vacuum(mon.dsn, schema))

@@ -1,8 +1,15 @@
-"""The ceiling: pgbench running skiplock's own claim and complete statements, no Python.
+"""The ceilings: pgbench claiming and completing jobs, no Python in the loop.
 
-The script is rendered from ``skiplock.sqlfiles.statements(schema)``, so it follows whatever
-queries.sql says today.  Named parameters become pgbench variables: constants through
-``\\set`` / ``-D``, and the claimed ids and tokens through ``\\gset`` into the complete.
+Two scripts, each a claim of a batch and one completion of it:
+
+- skiplock's own statements, rendered from ``skiplock.sqlfiles.statements(schema)``, so
+  they follow whatever queries.sql says today.  Named parameters become pgbench
+  variables: constants through ``\\set`` / ``-D``, and the claimed ids and tokens through
+  ``\\gset`` into the complete.  The most skiplock's schema can do on this server.
+- the postmortem's table and its fixed claim (``plain_*``): the plain-SQL ceiling issue 19
+  measures skiplock against, since it is what PostgreSQL does for a queue with nothing
+  on top (no leases, fencing, retries or history).  ``bench/run`` and ``perjob`` both run
+  it from here, so the two report the same statements.
 """
 
 from __future__ import annotations
@@ -125,6 +132,73 @@ def render_script(
         )
         out += f"{complete_sql};\n"
     return out
+
+
+# The postmortem's table after its fix, and its fixed claim, as the article has them.
+PLAIN_SCHEMA = """
+CREATE TABLE {s}.jobs (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    status       text NOT NULL DEFAULT 'pending',
+    payload      jsonb NOT NULL,
+    worker       text,
+    started_at   timestamptz,
+    locked_until timestamptz,
+    attempts     int NOT NULL DEFAULT 0
+);
+CREATE INDEX jobs_claimable_idx ON {s}.jobs (id) WHERE status = 'pending';
+"""
+
+# Its claim, and its completion batched (the article completes one job per statement;
+# the issue's ceiling completes the batch in one, as skiplock does).  Two statements,
+# each its own transaction, as the article's worker and skiplock's Worker run them.
+PLAIN_SCRIPT = """\\set limit {batch}
+WITH picked AS (
+    SELECT id FROM {s}.jobs
+    WHERE status = 'pending'
+    ORDER BY id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE {s}.jobs j
+    SET status = 'running',
+        started_at = now(),
+        locked_until = now() + interval '5 minutes',
+        attempts = j.attempts + 1,
+        worker = :worker
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id
+)
+SELECT coalesce(array_agg(id), '{{}}') AS ids FROM claimed \\gset
+UPDATE {s}.jobs SET status = 'done', locked_until = NULL
+WHERE id = ANY(:ids::bigint[]) AND worker = :worker;
+"""
+
+
+def plain_setup(dsn: str, schema: str) -> None:
+    """A fresh schema holding the postmortem's table, empty."""
+    s = sql.Identifier(schema)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(s))
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(s))
+        conn.execute(sql.SQL(PLAIN_SCHEMA).format(s=s))
+
+
+def plain_enqueue(dsn: str, schema: str, n: int) -> None:
+    """n pending jobs in one INSERT (the table has no COPY path of its own to measure)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.jobs (payload) "
+                "SELECT jsonb_build_object('n', g) FROM generate_series(1, %s) g"
+            ).format(sql.Identifier(schema)),
+            (n,),
+        )
+
+
+def plain_script(schema: str, batch: int) -> str:
+    """The plain claim of ``batch`` jobs and the completion of them, for ``run(script=)``."""
+    return PLAIN_SCRIPT.format(batch=batch, s=sql.Identifier(schema).as_string(None))
 
 
 @dataclass

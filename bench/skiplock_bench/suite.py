@@ -25,7 +25,15 @@ from .common import (
     settle,
 )
 from .procs import ChildSpec, Fleet
-from .report import DB_CLOCK
+from .report import (
+    DB_CLOCK,
+    OWN_SQL,
+    PLAIN_SQL,
+    async_config,
+    ceiling_config,
+    cli_config,
+    worker_config,
+)
 from .server import (
     StatementSampler,
     backend_pids,
@@ -84,7 +92,10 @@ def variants(lib: str, cfg: Config) -> list[Variant]:
     out: list[Variant] = []
     if lib == "skiplock":
         for c in cfg.concurrency:
-            out.append(Variant(lib, f"c{c}: 1 process x {c}", 1, c, c))
+            out.append(Variant(lib, worker_config(c), 1, c, c))
+            # Right after the threaded one, so the two run minutes apart at most: issue
+            # 19 wants the asyncio worker within 20% of it.
+            out.append(Variant(lib, async_config(c), 1, c, c, {"async": True}))
             p = cfg.procs
             if p > 1 and c % p == 0:
                 out.append(Variant(lib, f"c{c}: {p} processes x {c // p}", p, c // p, c))
@@ -101,10 +112,6 @@ def variants(lib: str, cfg: Config) -> list[Variant]:
         for c in cfg.concurrency:
             out.append(Variant(lib, f"c{c}: concurrency {c}", 1, c, c, slow=True))
     return out
-
-
-def cli_config(c: int) -> str:
-    return f"c{c}: skiplock worker CLI x {c}"
 
 
 class Suite:
@@ -126,7 +133,10 @@ class Suite:
             return None
 
     def big_ok(self, v: Variant) -> bool:
-        """Runs at the largest N: one process at --big-concurrency, and pgqueuer's defaults."""
+        """Runs at every N: one process at --big-concurrency (Worker, AsyncWorker and the
+        CLI, which issue 19's targets name at 200,000 jobs), and pgqueuer's defaults (the
+        moonshot's yardstick).  Two processes, capped pgqueuer and procrastinate stay at
+        the smallest N: that keeps the full run near half an hour on 2 cores."""
         return v.nominal is None or (v.procs == 1 and v.nominal in self.cfg.big_concurrency)
 
     def libs_for_round(self, rnd: int) -> list[str]:
@@ -340,13 +350,39 @@ class Suite:
     # -- pgbench ceiling -----------------------------------------------------------------
 
     def ceiling(self, rnd: int) -> None:
+        """Both ceilings, skiplock's SQL and the plain SQL, in turns (ABAB, BABA)."""
+        both = [(OWN_SQL, self._ceiling_own), (PLAIN_SQL, self._ceiling_plain)]
+        for what, fn in both if rnd % 2 else both[::-1]:
+            self.guard(f"pgbench {what} round {rnd}", fn, rnd)
+
+    def _ceiling_jobs(self) -> tuple[int, int]:
+        """(transactions per client, jobs): every client claims full batches to the end."""
         cfg = self.cfg
+        per_client = max(1, cfg.pgbench_jobs // (cfg.pgbench_clients * cfg.pgbench_batch))
+        return per_client, per_client * cfg.pgbench_clients * cfg.pgbench_batch
+
+    def _ceiling_own(self, rnd: int) -> None:
         dsn = self.dsns["skiplock"]
         schema = "ceiling"
+        per_client, jobs = self._ceiling_jobs()
         lib_skiplock.setup(dsn, schema)
-        per_client = max(1, cfg.pgbench_jobs // (cfg.pgbench_clients * cfg.pgbench_batch))
-        jobs = per_client * cfg.pgbench_clients * cfg.pgbench_batch
         lib_skiplock.enqueue_bulk(dsn, jobs, schema=schema)
+        self._ceiling_run(rnd, OWN_SQL, schema, per_client, jobs, None)
+
+    def _ceiling_plain(self, rnd: int) -> None:
+        dsn = self.dsns["skiplock"]
+        schema = "ceiling_plain"
+        per_client, jobs = self._ceiling_jobs()
+        pgbench.plain_setup(dsn, schema)
+        pgbench.plain_enqueue(dsn, schema, jobs)
+        script = pgbench.plain_script(schema, self.cfg.pgbench_batch)
+        self._ceiling_run(rnd, PLAIN_SQL, schema, per_client, jobs, script)
+
+    def _ceiling_run(
+        self, rnd: int, what: str, schema: str, per_client: int, jobs: int, script: str | None
+    ) -> None:
+        cfg = self.cfg
+        dsn = self.dsns["skiplock"]
         settle(dsn)
         res = pgbench.run(
             dsn,
@@ -354,8 +390,9 @@ class Suite:
             clients=cfg.pgbench_clients,
             batch=cfg.pgbench_batch,
             transactions=per_client,
+            script=script,
         )
-        config = f"{cfg.pgbench_clients} clients, batch {cfg.pgbench_batch}"
+        config = ceiling_config(what, cfg.pgbench_clients, cfg.pgbench_batch)
         self.results.add(Key("pgbench", "pgbench", config, jobs, "jobs/s"), rnd, res.jobs_per_s)
         self.results.add(Key("pgbench", "pgbench", config, jobs, "latency ms"), rnd, res.latency_ms)
         log(
