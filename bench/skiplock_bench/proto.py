@@ -14,9 +14,13 @@ by ``finished_at``, ``job_keys``), built in a schema of their own on a scratch c
    ``plain`` (perjob's own), ``proto-sql`` (pgbench, 8 clients, batch 10, the
    prototype's claim and complete, every job in one generation) and ``proto-sql-3gen``
    (the same with the backlog spread over three generations, so the claim is a Merge
-   Append over three partitions).  ``--rounds`` repeats them in alternating order; rates
-   are given as medians.  The prototype's heartbeat and a rotation (TRUNCATE) are
-   measured as phases of their own.
+   Append over three partitions); ``proto-sql-generic`` and ``proto-sql-3gen-generic``
+   the same with the clients' ``plan_cache_mode = force_generic_plan`` (otherwise the
+   partitioned claim is planned afresh at every call: the cluster has
+   ``pg_stat_statements.track_planning`` on, and planning is reported beside
+   execution).  ``--rounds`` repeats them in alternating order; rates are given as
+   medians.  The prototype's heartbeat (``proto-heartbeat``) and a rotation (TRUNCATE)
+   are measured as phases of their own.
 2. ``check``: the claim's exactly-once self-check: pgbench clients claim and complete a
    backlog spread over three generations while a rotator advances the generation,
    moves rows and truncates every 0.5 s; then every id must be in ``history`` exactly
@@ -225,13 +229,15 @@ def rotate(
     timeout_ms: int = 100,
     batch: int = 500,
     retries: int = 5,
+    drain_wait: float = 2.0,
 ) -> None:
     """One rotation pass (autocommit connection):
 
     1. advance the current generation (``advance``);
     2. every non-current partition of ready and leases that has pages (a truncated one
        has none) and no live row is truncated, under ``lock_timeout``, tried up to
-       ``retries`` times;
+       ``retries`` times; the one just retired is given up to ``drain_wait`` seconds
+       to empty first;
     3. a partition that still has live rows and is older than the one just retired
        (it has had a whole period to drain) has them moved to the current generation in
        batches of ``batch``, then is truncated as in 2.
@@ -249,7 +255,14 @@ def rotate(
             p = part(schema, table, g)
             if _size(conn, p) == 0:
                 continue
-            if _rows(conn, schema, p) and g != retired:
+            if g == retired:
+                # the generation just retired drains by itself in well under a second
+                # (claims of its last rows, leases of jobs running now): wait for that
+                # rather than leave its dead tuples for one more period
+                t_wait = time.perf_counter() + drain_wait
+                while _rows(conn, schema, p) and time.perf_counter() < t_wait:
+                    time.sleep(0.05)
+            elif _rows(conn, schema, p):
                 while True:
                     cur_ = conn.execute(q(mover, schema, part=p), {"limit": batch})
                     if not cur_.rowcount:
@@ -997,7 +1010,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3, help="perjob rounds, alternating order")
     p.add_argument(
-        "--subjects", default="skiplock-sql,plain,proto-sql,proto-sql-3gen,proto-heartbeat"
+        "--subjects",
+        default="skiplock-sql,plain,proto-sql,proto-sql-generic,proto-sql-3gen,"
+        "proto-sql-3gen-generic,proto-heartbeat",
     )
     p.add_argument("--check-rotate", type=float, default=0.5, help="check: rotation period, s")
     p.add_argument("--schemas", default="proto,today", help="held: proto and/or today")
