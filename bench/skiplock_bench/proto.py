@@ -47,6 +47,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -894,6 +895,21 @@ def flow(kind: Kind, a: argparse.Namespace, seconds: float, hold: bool) -> dict[
     return res
 
 
+_PARTITION = re.compile(r"_(?:g|p|d)\d+(?=_|$)|_default(?=_|$)")
+
+
+def by_table(rels: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per-partition figures summed per table or index of the design (``ready_g0``,
+    ``ready_g1``... -> ``ready``; ``ready_g0_pkey`` -> ``ready_pkey``)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, d in rels.items():
+        g = out.setdefault(_PARTITION.sub("", name), {})
+        for k in ("bytes", "live", "dead"):
+            if k in d:
+                g[k] = g.get(k, 0.0) + d[k]
+    return out
+
+
 def _near(samples: list[dict[str, Any]], t: float) -> dict[str, Any]:
     return min(samples, key=lambda s: abs(float(s["t"]) - t))
 
@@ -910,22 +926,25 @@ def held_report(
         + f"samples every {a.sample:g} s (just before a rotation); "
         f"t={s2['t']:.0f}s against t={sl['t']:.0f}s",
         "",
-        "| relation | dead tuples, t2 / last / max | size MB, t2 / last / max | last / t2 |",
+        "| table or index (all its partitions) | dead tuples, t2 / last / max "
+        "| size MB, t2 / last / max | last / t2 (dead; size for an index) |",
         "|---|---|---|---|",
     ]
-    names = sorted({k for s in full for k in s["relations"]})
+    tables = [by_table(s["relations"]) for s in full]
+    t2, tl = by_table(s2["relations"]), by_table(sl["relations"])
+    names = sorted({k for t in tables for k in t})
     for rel in names:
 
-        def get(s: dict[str, Any], key: str, rel: str = rel) -> float:
-            return float(s["relations"].get(rel, {}).get(key, 0.0))
+        def get(t: dict[str, Any], key: str, rel: str = rel) -> float:
+            return float(t.get(rel, {}).get(key, 0.0))
 
-        mx_dead = max(get(s, "dead") for s in full)
-        mx_mb = max(get(s, "bytes") for s in full) / 1048576
+        mx_dead = max(get(t, "dead") for t in tables)
+        mx_mb = max(get(t, "bytes") for t in tables) / 1048576
         if mx_mb <= 16384 / 1048576:  # empty, or an empty index's metapage and root
             continue
-        is_table = "dead" in s2["relations"].get(rel, {}) or "dead" in sl["relations"].get(rel, {})
-        d2, dl = get(s2, "dead"), get(sl, "dead")
-        b2, bl = get(s2, "bytes") / 1048576, get(sl, "bytes") / 1048576
+        is_table = any("dead" in t.get(rel, {}) for t in tables)
+        d2, dl = get(t2, "dead"), get(tl, "dead")
+        b2, bl = get(t2, "bytes") / 1048576, get(tl, "bytes") / 1048576
         base, last = (d2, dl) if is_table else (b2, bl)
         ratio = f"{last / base:.2f}" if base else ("-" if not last else "new")
         dead = f"{d2:,.0f} / {dl:,.0f} / {mx_dead:,.0f}" if is_table else "(index)"
@@ -991,6 +1010,7 @@ def run_held(dsn: str, a: argparse.Namespace) -> str:
         log(f"proto held: {name}, held flow {a.minutes:g} min")
         held = flow(held_k, a, a.minutes * 60, hold=True)
         out[name] = {"fresh": fresh, "held": held}
+        _save(f"proto-held-{name}-raw", "", out[name])  # kept even if the report fails
         texts.append(held_report(name, fresh, held, a))
     text = (
         f"proto held xmin: {a.minutes:g} min at {a.rate:,.0f} jobs/s, autovacuum off; load "
