@@ -192,7 +192,7 @@ class Monitor:
         return dict(zip(("ins", "upd", "hot_upd", "del"), (int(x) for x in row), strict=True))
 
     def measure(
-        self, subject: str, phase: str, schema: str, jobs: int, run: Callable[[], None]
+        self, subject: str, phase: str, schema: str, jobs: int, run: Callable[[], object]
     ) -> Phase:
         self.q("CHECKPOINT")  # every phase starts with the same full-page-image debt
         self.q("SELECT pg_stat_clear_snapshot()")
@@ -241,18 +241,22 @@ class Monitor:
             out.wal_records += int(n)
             out.wal_fpi_bytes += int(fpi or 0)
         out.commits = out.count("Transaction/COMMIT")
-        for query, calls, rows_, ms in self.q(
-            "SELECT query, calls, rows, total_exec_time FROM pg_stat_statements"
+        for query, calls, rows_, ms, plan_ms in self.q(
+            "SELECT query, calls, rows, total_exec_time, total_plan_time FROM pg_stat_statements"
         ).fetchall():
             if TAG.strip() in query:
                 continue
             # The statement without its comments (skiplock's carry long ones), short.
             body = " ".join(ln for ln in query.splitlines() if not ln.lstrip().startswith("--"))
             key = " ".join(body.split())[:90]
-            s = out.statements.setdefault(key, {"calls": 0, "rows": 0, "exec_ms": 0.0})
+            s = out.statements.setdefault(
+                key, {"calls": 0, "rows": 0, "exec_ms": 0.0, "plan_ms": 0.0}
+            )
             s["calls"] += int(calls)
             s["rows"] += int(rows_)
             s["exec_ms"] += float(ms)
+            # zero unless the server sets pg_stat_statements.track_planning (proto.py does)
+            s["plan_ms"] += float(plan_ms)
         return out
 
 
