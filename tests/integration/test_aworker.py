@@ -24,7 +24,7 @@ from skiplock import (
     Retry,
 )
 
-from .test_worker import counts
+from .test_worker import assert_released_unstarted, counts
 
 
 async def until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
@@ -261,13 +261,7 @@ def test_graceful_stop_releases_prefetched_jobs_no_handler_started(queue: Queue)
 
     w = with_worker(queue, handler, body, concurrency=1, prefetch=3, shutdown_grace=10)
     assert w.stats.released == 3
-    for job_id in ids:
-        got = queue.get(job_id)
-        assert got is not None
-        if job_id == started[0]:
-            assert got.status == "done" and got.attempts == 1
-        else:
-            assert got.status == "pending" and got.attempts == 0
+    assert_released_unstarted(queue, ids, started[0])
 
 
 def test_two_async_workers_run_each_job_exactly_once(

@@ -202,10 +202,16 @@ def test_graceful_stop_releases_unstarted_jobs(queue: Queue) -> None:
     t.join(10)
     assert not t.is_alive()
     assert w.stats.released == 3
+    assert_released_unstarted(queue, ids, started[0])
+
+
+def assert_released_unstarted(queue: Queue, ids: list[int], ran: int) -> None:
+    """After a graceful stop: the job that ran is done once, the unstarted ones are
+    pending again and were charged no attempt."""
     for job_id in ids:
         got = queue.get(job_id)
         assert got is not None
-        if job_id == started[0]:
+        if job_id == ran:
             assert got.status == "done" and got.attempts == 1
         else:
             assert got.status == "pending" and got.attempts == 0
