@@ -250,7 +250,10 @@ class AsyncWorker(WorkerBase):
     async def _claim_loop(self) -> None:
         assert self._stopping is not None and self._wake is not None
         now = time.monotonic()
-        next_sweep = now + random.uniform(0, self.sweep_interval)
+        # Register (and sweep) before the first claim: the worker's row must exist
+        # before it says whether it waits, or that first word updates no row and an
+        # idle worker with a long poll_interval stays unsaid until its next sweep.
+        next_sweep = now
         next_prune = now + random.uniform(0, self.prune_interval)
         failures = 0
         while not self._stopping.is_set():

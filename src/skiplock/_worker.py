@@ -311,7 +311,10 @@ class Worker(WorkerBase):
 
     def _claim_loop(self) -> None:
         assert self._q is not None and self._pool is not None
-        next_sweep = time.monotonic() + random.uniform(0, self.sweep_interval)
+        # Register (and sweep) before the first claim: the worker's row must exist
+        # before it says whether it waits, or that first word updates no row and an
+        # idle worker with a long poll_interval stays unsaid until its next sweep.
+        next_sweep = time.monotonic()
         next_prune = time.monotonic() + random.uniform(0, self.prune_interval)
         trouble = Trouble(self.name, "claim")
         while not self._stopping.is_set():
