@@ -249,21 +249,14 @@ class AsyncWorker(WorkerBase):
 
     async def _claim_loop(self) -> None:
         assert self._stopping is not None and self._wake is not None
-        now = time.monotonic()
-        # Register (and sweep) before the first claim: the worker's row must exist
-        # before it says whether it waits, or that first word updates no row and an
-        # idle worker with a long poll_interval stays unsaid until its next sweep.
-        next_sweep = now
-        next_prune = now + random.uniform(0, self.prune_interval)
+        self._upkeep_from(time.monotonic())
         failures = 0
         while not self._stopping.is_set():
             now = time.monotonic()
-            if now >= next_sweep:
+            if self._sweep_due(now):
                 await self._sweep()
-                next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
-            if self.retention is not None and now >= next_prune:
+            if self._prune_due(now):
                 await self._prune()
-                next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
             free = self.capacity - len(self._held)
             if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
@@ -287,7 +280,8 @@ class AsyncWorker(WorkerBase):
             busy = self._more or self.capacity - len(self._held) <= 0
             if await self._say_waiting(busy, now):
                 continue  # claim again now that producers notify us
-            timeout = self._look_again_in(self.poll_interval, time.monotonic())
+            now = time.monotonic()
+            timeout = self._until_upkeep(self._look_again_in(self.poll_interval, now), now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()

@@ -311,22 +311,16 @@ class Worker(WorkerBase):
 
     def _claim_loop(self) -> None:
         assert self._q is not None and self._pool is not None
-        # Register (and sweep) before the first claim: the worker's row must exist
-        # before it says whether it waits, or that first word updates no row and an
-        # idle worker with a long poll_interval stays unsaid until its next sweep.
-        next_sweep = time.monotonic()
-        next_prune = time.monotonic() + random.uniform(0, self.prune_interval)
+        self._upkeep_from(time.monotonic())
         trouble = Trouble(self.name, "claim")
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
                 self._results.put((job, self._timed_out(job, self.timeout_for(job))))
-            if now >= next_sweep:
+            if self._sweep_due(now):
                 self._sweep()
-                next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
-            if self.retention is not None and now >= next_prune:
+            if self._prune_due(now):
                 self._prune()
-                next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
             free = self.capacity - self._held()
             if free > 0 and (not self._more or free >= self._refill_batch):
                 try:
@@ -362,8 +356,8 @@ class Worker(WorkerBase):
             timeout = min(timeout, max(shortest / 4, 0.05))
         if self._more and self.capacity - self._held() >= self._refill_batch:
             return  # more work is waiting and a batch fits: claim again at once
-        timeout = self._look_again_in(timeout, time.monotonic())
-        self._wake.wait(timeout)
+        now = time.monotonic()
+        self._wake.wait(self._until_upkeep(self._look_again_in(timeout, now), now))
         self._wake.clear()
 
     def _claim_some(self, free: int) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import threading
@@ -295,6 +296,9 @@ class WorkerBase:
         self._busy_since: float | None = None
         self._look_again_at: float | None = None
         self._rotation = 0
+        # When the claim loop next sweeps and prunes (_sweep_due, _prune_due).
+        self._next_sweep = 0.0
+        self._next_prune = 0.0
         self.queues = names
         self.concurrency = concurrency
         self.lease = float(lease)
@@ -565,6 +569,45 @@ class WorkerBase:
         elif self._busy_since is not None and self._told_waiting is not False:
             timeout = max(0.0, min(timeout, self._busy_since + self.BUSY_AFTER - now))
         return timeout
+
+    # -- upkeep: the claim loop's sweeps and prunes --------------------------------------
+
+    def _upkeep_from(self, now: float) -> None:
+        """Schedule upkeep for a claim loop starting at ``now``.
+
+        The first sweep (which also registers the worker) is due at once: the worker's
+        row must exist before it says whether it waits, or that first word updates no
+        row and an idle worker stays unsaid until its next sweep.  Prunes start at a
+        random point of their interval so that workers started together spread them.
+        """
+        self._next_sweep = now
+        self._next_prune = now + random.uniform(0, self.prune_interval)
+
+    def _sweep_due(self, now: float) -> bool:
+        """True if a sweep is due at ``now``; the next one is then scheduled."""
+        if now < self._next_sweep:
+            return False
+        self._next_sweep = now + self.sweep_interval * random.uniform(0.75, 1.25)
+        return True
+
+    def _prune_due(self, now: float) -> bool:
+        """True if this worker prunes and a prune is due; the next one is then scheduled."""
+        if self.retention is None or now < self._next_prune:
+            return False
+        self._next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
+        return True
+
+    def _until_upkeep(self, timeout: float, now: float) -> float:
+        """``timeout``, cut short to the next sweep or prune.
+
+        An idle worker waits for a notification or its poll; with a poll interval
+        longer than the sweep interval it would otherwise sweep, refresh its row (and
+        so count as alive in ``status``) and recover expired leases once per poll.
+        """
+        due = self._next_sweep
+        if self.retention is not None:
+            due = min(due, self._next_prune)
+        return max(0.0, min(timeout, due - now))
 
     def _upkeep_failed(self, what: str, exc: BaseException) -> None:
         # A sweep or prune that fails is retried at its next turn; any worker may do it.
