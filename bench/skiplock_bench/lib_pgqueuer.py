@@ -34,7 +34,7 @@ def available() -> bool:
 
 def driver_name() -> str:
     try:
-        import asyncpg  # type: ignore[import-untyped]  # noqa: F401
+        import asyncpg  # noqa: F401
     except ImportError:
         return "psycopg"
     return "asyncpg"
@@ -45,7 +45,8 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
         import uvloop
     except ImportError:
         return asyncio.run(coro_fn())  # type: ignore[arg-type]
-    return uvloop.run(coro_fn())  # type: ignore[arg-type]
+    result: T = uvloop.run(coro_fn())
+    return result
 
 
 async def _driver(dsn: str) -> Any:

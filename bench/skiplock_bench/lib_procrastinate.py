@@ -37,11 +37,11 @@ def _app(dsn: str, pool: int, seen: list[int] | None = None, on_run: Any = None)
         connector=procrastinate.PsycopgConnector(conninfo=dsn, min_size=1, max_size=pool)
     )
 
-    @app.task(name=TASK)
     async def noop(n: int, t0: float | None = None) -> None:
         if on_run is not None:
             on_run(n, t0)
 
+    app.task(name=TASK)(noop)
     return app
 
 

@@ -84,7 +84,7 @@ def _setup(dsn: str, schema: str, jobs: int, setup_sql: str | None) -> None:
 
 def one(
     dsn: str, variant: str, pair: tuple[str | None, str | None], mode: str, a: argparse.Namespace
-) -> dict[str, float]:
+) -> dict[str, Any]:
     schema = f"cmp_{variant}"
     setup_sql = _read("candidates.sql").get(f"setup_{variant}")
     per_client = max(1, a.jobs // (a.clients * a.batch))
@@ -287,11 +287,11 @@ def _main(
                         f"| {mode} | {v} | table: HOT {hot:.2f} of updates, {mb:.1f} MB | | | | | |"
                     )
                 for st in ("claim", "complete"):
-                    got = [c[st] for c in costs[mode][v] if st in c]
-                    if not got:
+                    per = [c[st] for c in costs[mode][v] if st in c]
+                    if not per:
                         continue
                     cells = " | ".join(
-                        f"{median([g[k] for g in got]):.4g}"
+                        f"{median([g[k] for g in per]):.4g}"
                         for k in ("exec_ms", "buffers", "dirtied", "wal_records", "wal_bytes")
                     )
                     lines.append(f"| {mode} | {v} | {st} | {cells} |")

@@ -241,7 +241,7 @@ def child(spec: dict[str, Any]) -> None:
                 late.append((now, over * 1000, (schedstat(path)[1] - s0[1]) / 1e6))
             tid = recorder.claim_thread if recorder is not None else None
             frame = sys._current_frames().get(tid) if tid is not None else None
-            names = []
+            names: list[str] = []
             while frame is not None and len(names) < 4:
                 names.append(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_name}")
                 frame = frame.f_back
@@ -731,7 +731,7 @@ def run(dsn: str, log_path: Path | None, a: argparse.Namespace, tmp: Path) -> di
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(SCHEMA)))
-        settings = dict(
+        settings: dict[str, str] = dict(
             conn.execute(
                 "SELECT name, setting || coalesce(unit, '') FROM pg_settings WHERE name = ANY(%s)",
                 (

@@ -247,7 +247,7 @@ def top_statements(dsn: str, n: int = 20) -> list[dict[str, Any]]:
         m[0] += int(calls)
         m[1] += float(ms)
         m[2] += float(blks)
-    out = [
+    out: list[dict[str, Any]] = [
         {
             "statement": name,
             "calls": int(c),
