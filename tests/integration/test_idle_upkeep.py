@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 from skiplock import AsyncQueue, AsyncWorker, Job, Queue, Worker
@@ -25,9 +26,14 @@ IDLE = {"poll_interval": 60.0, "sweep_interval": 0.2, "liveness": False}
 
 
 def orphan(queue: Queue) -> int:
-    """A job claimed by a worker that then vanished: its lease runs out in LEASE s."""
-    job_id = queue.enqueue({"n": 1})
-    (job,) = queue.claim(worker="vanished", lease=LEASE)
+    """A job claimed by a worker that then vanished: its lease runs out in LEASE s.
+
+    Enqueued and claimed in one transaction, so the running worker, woken by the
+    enqueue's notification at commit, finds it already taken.
+    """
+    with psycopg.connect(queue.settings.dsn) as conn:
+        job_id = queue.enqueue({"n": 1}, conn=conn)
+        (job,) = queue.claim(worker="vanished", lease=LEASE, conn=conn)
     assert job.id == job_id
     return job_id
 
