@@ -9,6 +9,7 @@ on every status.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -27,7 +28,7 @@ if str(PROJECT) not in sys.path:
 
 from djsetup import configure, using_schema  # noqa: E402
 
-from skiplock import JobCancelled, PayloadError, Queue  # noqa: E402
+from skiplock import ConfigError, JobCancelled, PayloadError, Queue  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -311,3 +312,43 @@ def test_task_errors_are_parsed_from_what_skiplock_keeps() -> None:
     assert task_error(chained).exception_class_path == "builtins.ValueError"
     assert task_error("retry requested by handler").exception_class_path == "skiplock.JobFailed"
     assert task_error("timed out after 5s").exception_class_path == "builtins.TimeoutError"
+
+
+# -- the tasks a worker runs ---------------------------------------------------------------
+
+_NAMES = "add send_email explode where_am_i double_later ask_database hang"
+TESTPROJ_TASKS = {f"testproj.tasks.{name}" for name in _NAMES.split()}
+
+
+def test_a_module_path_stands_for_the_tasks_it_holds(backend: Any) -> None:
+    tasks = backend.worker_tasks(["testproj.tasks", "testproj.tasks.add"])
+    assert set(tasks) == TESTPROJ_TASKS
+    assert all(task.module_path == path for path, task in tasks.items())
+
+
+@pytest.mark.parametrize(
+    ("paths", "why"),
+    [
+        (["testproj.tasks.nope"], "cannot import task 'testproj.tasks.nope'"),
+        (["testproj.tasks.Boom"], "is type, not a django.tasks Task"),
+        (["testproj.settings"], "module 'testproj.settings' holds no task of backend"),
+        (["no_such_package.tasks"], "cannot import 'no_such_package.tasks'"),
+        (["testproj/tasks.py"], "not dotted paths"),
+        ("testproj.tasks", "must be a list of dotted paths"),
+        ([], "is empty"),
+    ],
+)
+def test_a_task_path_that_does_not_load_is_refused_at_the_start(
+    backend: Any, paths: Any, why: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        backend.worker_tasks(paths)
+
+
+@pytest.mark.parametrize("tasks", ["testproj.tasks", [], ["testproj.tasks", 3]])
+def test_a_malformed_tasks_option_fails_the_check(queue: Queue, tasks: object) -> None:
+    from django.tasks import task_backends
+
+    with using_schema(queue.schema, tasks=tasks):
+        [error] = task_backends["default"].check()
+    assert error.id == "skiplock.E003"
