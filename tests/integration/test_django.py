@@ -1,14 +1,16 @@
-"""skiplock.contrib.django in-process: real Django 6, real PostgreSQL, no worker.
+"""skiplock.contrib.django in-process: real Django 6, real PostgreSQL.
 
-The worker's side (a real ``manage.py skiplock_worker``) is tests/acceptance/
-test_django_worker.py.  Jobs are moved through their states here with skiplock's own
-Queue (claim, complete, fail, cancel), so the mapping to Django's TaskResult is checked
-on every status.
+The worker's side as a user runs it (a real ``manage.py skiplock_worker``) is
+tests/acceptance/test_django_worker.py.  Jobs are moved through their states here with
+skiplock's own Queue (claim, complete, fail, cancel), so the mapping to Django's
+TaskResult is checked on every status; the workers restricted to some tasks run here in
+threads (``django_worker``, what the command builds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -27,7 +29,9 @@ if str(PROJECT) not in sys.path:
 
 from djsetup import configure, using_schema  # noqa: E402
 
-from skiplock import JobCancelled, PayloadError, Queue  # noqa: E402
+from skiplock import ConfigError, JobCancelled, PayloadError, Queue  # noqa: E402
+
+from .test_worker import running, wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -311,3 +315,137 @@ def test_task_errors_are_parsed_from_what_skiplock_keeps() -> None:
     assert task_error(chained).exception_class_path == "builtins.ValueError"
     assert task_error("retry requested by handler").exception_class_path == "skiplock.JobFailed"
     assert task_error("timed out after 5s").exception_class_path == "builtins.TimeoutError"
+
+
+# -- the tasks a worker runs ---------------------------------------------------------------
+
+_NAMES = "add send_email explode where_am_i double_later ask_database hang"
+TESTPROJ_TASKS = {f"testproj.tasks.{name}" for name in _NAMES.split()}
+
+
+def test_a_module_path_stands_for_the_tasks_it_holds(backend: Any) -> None:
+    tasks = backend.worker_tasks(["testproj.tasks", "testproj.tasks.add"])
+    assert set(tasks) == TESTPROJ_TASKS
+    assert all(task.module_path == path for path, task in tasks.items())
+
+
+@pytest.mark.parametrize(
+    ("paths", "why"),
+    [
+        (["testproj.tasks.nope"], "cannot import task 'testproj.tasks.nope'"),
+        (["testproj.tasks.Boom"], "is type, not a django.tasks Task"),
+        (["testproj.settings"], "module 'testproj.settings' holds no task of backend"),
+        (["no_such_package.tasks"], "cannot import 'no_such_package.tasks'"),
+        (["testproj/tasks.py"], "not dotted paths"),
+        ("testproj.tasks", "must be a list of dotted paths"),
+        ([], "is empty"),
+    ],
+)
+def test_a_task_path_that_does_not_load_is_refused_at_the_start(
+    backend: Any, paths: Any, why: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        backend.worker_tasks(paths)
+
+
+@pytest.mark.parametrize("tasks", ["testproj.tasks", [], ["testproj.tasks", 3]])
+def test_a_malformed_tasks_option_fails_the_check(queue: Queue, tasks: object) -> None:
+    from django.tasks import task_backends
+
+    with using_schema(queue.schema, tasks=tasks):
+        [error] = task_backends["default"].check()
+    assert error.id == "skiplock.E003"
+
+
+# -- workers restricted to some tasks ------------------------------------------------------
+
+
+def job_row(admin: psycopg.Connection[Any], schema: str, job_id: str) -> tuple[Any, ...]:
+    """(status, attempts, worker) of a job, as another connection sees it."""
+    row = admin.execute(
+        sql.SQL("SELECT status, attempts, worker FROM {}.jobs WHERE id = %s").format(
+            sql.Identifier(schema)
+        ),
+        [int(job_id)],
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def status_of(task: Any, result_id: str) -> str:
+    return str(task.get_result(result_id).status)
+
+
+def test_a_worker_of_task_a_leaves_task_b_pending_for_a_worker_that_knows_it(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from testproj.tasks import add, where_am_i
+
+    from skiplock.contrib.django._runner import django_worker
+
+    # B first: an unrestricted claim, oldest first, would take it before A.
+    b = where_am_i.enqueue("new in this deploy")
+    a = add.enqueue(2, 3)
+    old = django_worker(backend, queue, tasks=["testproj.tasks.add"], concurrency=2)
+    with running(old):
+        wait_until(lambda: status_of(add, a.id) == "SUCCESSFUL", what="task A's job")
+        # The worker's row says what it claims (skiplock status, the dashboard).
+        [known] = admin.execute(
+            sql.SQL("SELECT tasks FROM {}.workers WHERE name = %s").format(
+                sql.Identifier(queue.schema)
+            ),
+            [old.name],
+        ).fetchone() or [None]
+        assert known == ["testproj.tasks.add"]
+        # Claimed after A would have been (it is older): untouched, not charged.
+        assert job_row(admin, queue.schema, b.id) == ("pending", 0, None)
+    assert add.get_result(a.id).return_value == 5
+    assert old.stats.snapshot()["claimed"] == 1
+
+    # A worker whose code has B (here: the module's tasks) runs it, on its first attempt.
+    with running(django_worker(backend, queue, tasks=["testproj.tasks"], concurrency=2)):
+        wait_until(lambda: status_of(where_am_i, b.id) == "SUCCESSFUL", what="task B's job")
+    done = where_am_i.get_result(b.id)
+    assert (done.return_value["attempt"], done.return_value["tag"]) == (1, "new in this deploy")
+
+
+def test_options_tasks_restrict_the_worker_and_an_explicit_list_wins(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    from django.tasks import task_backends
+    from testproj.tasks import add, send_email
+
+    from skiplock.contrib.django._runner import django_worker
+
+    with using_schema(queue.schema, tasks=["testproj.tasks.add"]):
+        backend = task_backends["default"]
+        assert backend.check() == []
+        mail = send_email.enqueue("ada@example.com")
+        a = add.enqueue(1, 1)
+        with running(django_worker(backend, queue)) as w:
+            assert w.tasks == ["testproj.tasks.add"]
+            wait_until(lambda: status_of(add, a.id) == "SUCCESSFUL", what="task A's job")
+            assert job_row(admin, queue.schema, mail.id) == ("pending", 0, None)
+        # --task (the command's) replaces OPTIONS: this worker runs send_email only.
+        with running(django_worker(backend, queue, tasks=["testproj.tasks.send_email"])) as w:
+            assert w.tasks == ["testproj.tasks.send_email"]
+            wait_until(lambda: status_of(send_email, mail.id) == "SUCCESSFUL", what="B's job")
+
+
+def test_without_tasks_listed_the_worker_claims_every_task(backend: Any, queue: Queue) -> None:
+    from skiplock.contrib.django._runner import django_worker
+
+    assert backend.worker_tasks() is None
+    assert django_worker(backend, queue).tasks is None
+
+
+def test_the_worker_command_refuses_a_bad_task_or_queue_before_connecting(queue: Queue) -> None:
+    from django.core.management import CommandError, call_command
+
+    # Nothing listens there: a connection attempt would be the error reported.
+    nowhere = "host=127.0.0.1 port=1 dbname=none connect_timeout=2"
+    with using_schema(queue.schema, dsn=nowhere):
+        with pytest.raises(CommandError, match=r"cannot import task 'testproj\.tasks\.nope'"):
+            call_command("skiplock_worker", "--task", "testproj.tasks.nope")
+        with pytest.raises(CommandError, match=r"queue\(s\) \['nope'\] are not in TASKS"):
+            call_command("skiplock_worker", "--queue", "nope")

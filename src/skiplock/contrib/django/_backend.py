@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 import psycopg
@@ -28,13 +30,14 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader, JsonLoader
 
-from skiplock import Job, PayloadError, Queue
+from skiplock import ConfigError, Job, PayloadError, Queue
 from skiplock.sqlfiles import statements
 
 __all__ = [
     "DEFAULT_OPTIONS",
     "SkiplockBackend",
     "from_skiplock_priority",
+    "resolve_tasks",
     "task_error",
     "to_skiplock_priority",
 ]
@@ -44,6 +47,7 @@ DEFAULT_OPTIONS: Mapping[str, Any] = {
     "database": "default",
     "max_attempts": 5,
     "dsn": None,
+    "tasks": None,
 }
 
 # skiplock's statuses as Django's.  A pending job after a failed attempt is READY:
@@ -127,6 +131,12 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         Attempts per job before it ends FAILED (default 5; 1: never retried).
     ``dsn``
         The worker's connection string; default: built from the database's settings.
+    ``tasks``
+        Dotted paths of the tasks the worker runs: a task (``"app.tasks.send"``) or a
+        module, standing for the tasks of this backend it holds (``"app.tasks"``).
+        The worker claims only those, so during a rolling deploy a worker on old code
+        leaves a new task's job pending for one that has it.  Default None: every
+        job of the worker's queues (Django keeps no registry of tasks to list them).
     """
 
     supports_defer = True  # run_after -> the job's run_at
@@ -147,6 +157,7 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         self.database: str = opts["database"]
         self.max_attempts: int = opts["max_attempts"]
         self.dsn: str | None = opts["dsn"]
+        self.task_paths: Sequence[str] | None = opts["tasks"]
         self._queue: Queue | None = None
 
     # -- configuration -------------------------------------------------------------------
@@ -188,7 +199,35 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
                     id="skiplock.E002",
                 )
             )
+        problem = task_paths_problem(self.task_paths)
+        if problem is not None:
+            problems.append(
+                checks.Error(
+                    f"Task backend {self.alias!r}: 'tasks' {problem}.",
+                    hint="List dotted paths of tasks or task modules, or leave 'tasks' "
+                    "out to run every task.",
+                    id="skiplock.E003",
+                )
+            )
         return problems
+
+    def worker_tasks(self, paths: Sequence[str] | None = None) -> dict[str, Task] | None:
+        """The tasks a worker of this backend runs, by the name jobs carry (their
+        ``module_path``): those of ``paths``, else of OPTIONS ``tasks``; None (every
+        task) when neither lists any.  Each path is imported now, so a worker whose code
+        lacks one stops at its start rather than leave that task's jobs to wait unseen.
+        """
+        if paths is None:
+            paths = self.task_paths
+        if paths is None:
+            return None
+        problem = task_paths_problem(paths)
+        if problem is not None:
+            raise ConfigError(f"tasks {problem}")
+        try:
+            return resolve_tasks(paths, self.alias)
+        except NotATask as exc:
+            raise ConfigError(str(exc)) from None
 
     def worker_dsn(self) -> str:
         return self.dsn if self.dsn is not None else database_dsn(self.database)
@@ -327,6 +366,60 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
 
 class NotATask(InvalidTask):  # type: ignore[misc]
     """A job names something that is not a Django task of this backend."""
+
+
+_DOTTED = re.compile(r"(?!\d)\w+(?:\.(?!\d)\w+)*")
+
+
+def task_paths_problem(paths: object) -> str | None:
+    """Why ``paths`` is not a list of dotted paths, or None.  A bare string is refused:
+    read as a sequence it would be one path per character."""
+    if paths is None:
+        return None
+    if isinstance(paths, str) or not isinstance(paths, Sequence):
+        return f"must be a list of dotted paths, not {paths!r}"
+    if not paths:
+        return "is empty: such a worker could run nothing"
+    bad = [p for p in paths if not isinstance(p, str) or not _DOTTED.fullmatch(p)]
+    if bad:
+        return f"holds {bad!r}, not dotted paths"
+    return None
+
+
+def resolve_tasks(paths: Sequence[str], alias: str) -> dict[str, Task]:
+    """The Django Tasks of backend ``alias`` at ``paths``, by ``module_path``.
+
+    A path names a task, or a module standing for every task of the backend it holds
+    (its own or imported), so a worker that lists modules runs what its code defines and
+    no more.  A path that does not import, or names no task of the backend, raises
+    NotATask: a typo would otherwise leave that task's jobs pending with nobody told.
+    """
+    found: dict[str, Task] = {}
+    for path in paths:
+        module = _module(path)
+        if module is None:
+            task = load_task(path, alias)
+            found[task.module_path] = task
+            continue
+        held = [v for v in vars(module).values() if isinstance(v, Task) and v.backend == alias]
+        if not held:
+            raise NotATask(f"module {path!r} holds no task of backend {alias!r}")
+        for task in held:
+            found[task.module_path] = task
+    return found
+
+
+def _module(path: str) -> ModuleType | None:
+    """The module at ``path``, or None when ``path`` itself is no module (maybe an
+    attribute of one).  An import error inside the module is raised as NotATask."""
+    try:
+        return import_module(path)
+    except ModuleNotFoundError as exc:
+        if exc.name == path:
+            return None
+        raise NotATask(f"cannot import {path!r}: {exc}") from None
+    except ImportError as exc:
+        raise NotATask(f"cannot import {path!r}: {exc}") from None
 
 
 def load_task(path: str, alias: str) -> Task:

@@ -10,10 +10,14 @@ Handlers run on the worker's threads, each with its own Django database connecti
 (Django's are per thread).  Like a request, a job starts and ends with
 ``close_old_connections()``, so a connection past ``CONN_MAX_AGE`` or broken by the task
 is not handed to the next job, and the default (``CONN_MAX_AGE = 0``) closes it.
+
+``django_worker`` builds the Worker the command runs; with tasks listed (``--task``,
+OPTIONS ``tasks``) its claims take only their jobs, as ``skiplock.App``'s workers do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import close_old_connections
@@ -21,19 +25,20 @@ from django.tasks.base import Task, TaskContext, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
-from skiplock import Fail, Job
+from skiplock import ConfigError, Fail, Job, Queue, Worker
 
 from ._backend import SkiplockBackend, load_task
 
-__all__ = ["TaskRunner"]
+__all__ = ["TaskRunner", "django_worker"]
 
 
 class TaskRunner:
     """``runner(job)`` runs the Django task a skiplock job names."""
 
-    def __init__(self, backend: SkiplockBackend) -> None:
+    def __init__(self, backend: SkiplockBackend, tasks: Mapping[str, Task] | None = None) -> None:
         self.backend = backend
-        self._tasks: dict[str, Task] = {}
+        # The tasks a restricted worker resolved at its start: no import per first job.
+        self._tasks: dict[str, Task] = dict(tasks or {})
 
     def task(self, path: str) -> Task:
         task = self._tasks.get(path)
@@ -78,3 +83,34 @@ class TaskRunner:
         object.__setattr__(result, "_return_value", value)
         task_finished.send(sender=sender, task_result=result)
         return value
+
+
+def django_worker(
+    backend: SkiplockBackend,
+    q: Queue,
+    *,
+    queues: Sequence[str] | None = None,
+    tasks: Sequence[str] | None = None,
+    **options: Any,
+) -> Worker:
+    """The skiplock Worker that runs ``backend``'s tasks (``manage.py skiplock_worker``).
+
+    ``queues`` default to the backend's QUEUES and must be among them.  ``tasks``
+    (dotted paths of tasks or task modules) default to OPTIONS ``tasks``; when either
+    lists any, the worker claims only those tasks' jobs, so a job of a task this
+    code does not have waits, attempts untouched, for a worker that has it.  With
+    neither it claims every job of its queues.  ``options`` are ``Worker``'s.
+    Raises ConfigError for a queue outside QUEUES or a task path that does not load.
+    """
+    names = list(queues) if queues else sorted(backend.queues)
+    unknown = sorted(set(names) - backend.queues) if backend.queues else []
+    if unknown:
+        raise ConfigError(f"queue(s) {unknown} are not in TASKS[{backend.alias!r}] QUEUES")
+    known = backend.worker_tasks(tasks)
+    return Worker(
+        q,
+        TaskRunner(backend, known),
+        queues=names,
+        tasks=None if known is None else sorted(known),
+        **options,
+    )

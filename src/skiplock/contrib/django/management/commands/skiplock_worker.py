@@ -3,6 +3,9 @@
 Runs until SIGTERM or SIGINT: the first stops claiming and gives running tasks the
 shutdown grace to finish (unstarted jobs go back at once, attempt returned) and exits
 0; a second exits at once, and the jobs still held run again when their lease ends.
+
+``--task`` (or the backend's OPTIONS ``tasks``) limits the claims to the tasks listed,
+so a worker on old code in a rolling deploy leaves a new task's jobs alone.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from skiplock import Queue, SkiplockError, Worker
+from skiplock import Queue, SkiplockError
 
 from ..._commands import skiplock_backend
-from ..._runner import TaskRunner
+from ..._runner import django_worker
 
 logger = logging.getLogger("skiplock.worker")
 
@@ -31,6 +34,14 @@ class Command(BaseCommand):  # type: ignore[misc]  # django is untyped
             dest="queues",
             metavar="Q",
             help="A queue to serve (repeat it); default: the backend's QUEUES.",
+        )
+        parser.add_argument(
+            "--task",
+            action="append",
+            dest="tasks",
+            metavar="PATH",
+            help="A task (app.tasks.send) or module of tasks (app.tasks) to run, and "
+            "claim only those (repeat it); default: OPTIONS 'tasks', else every task.",
         )
         parser.add_argument("--concurrency", type=int, default=4, help="Tasks at once [4].")
         parser.add_argument(
@@ -58,29 +69,29 @@ class Command(BaseCommand):  # type: ignore[misc]  # django is untyped
             stream=sys.stderr,
         )
         backend = skiplock_backend(options["backend"])
-        queues = options["queues"] or sorted(backend.queues)
-        unknown = sorted(set(queues) - backend.queues) if backend.queues else []
-        if unknown:
-            raise CommandError(f"queue(s) {unknown} are not in TASKS[{backend.alias!r}] QUEUES")
         grace = options["shutdown_grace"]
+        # The worker takes its settings from the Queue and opens its own connections:
+        # unopened, a queue or task path that is wrong is refused before any connect.
         q = Queue(
             backend.worker_dsn(),
             schema=backend.schema,
             application_name=f"skiplock-django:{backend.alias}",
-            min_size=1,
-            max_size=1,
+            open=False,
         )
         try:
-            worker = Worker(
+            worker = django_worker(
+                backend,
                 q,
-                TaskRunner(backend),
-                queues=queues,
+                queues=options["queues"],
+                tasks=options["tasks"],
                 concurrency=options["concurrency"],
                 lease=options["lease"],
                 job_timeout=options["job_timeout"],
                 shutdown_grace=grace,
                 name=options["name"],
             )
+            if worker.tasks is not None:
+                logger.info("worker %s: claims only tasks %s", worker.name, ",".join(worker.tasks))
             worker.handle_signals("tasks")
             worker.run()
         except SkiplockError as exc:
