@@ -5,7 +5,8 @@ that wrote WAL (each a synchronous flush), server execution time and server CPU,
 for a drain of N no-op jobs through:
 
 - ``skiplock``: skiplock's ``Worker`` (concurrency 8, the bench's defaults, in-process);
-  ``skiplock-fused`` the same with ``fuse_claims=True``;
+  ``skiplock-fused`` the same with ``fuse_claims=True`` (the default since it was made
+  one), ``skiplock-apart`` with ``fuse_claims=False`` (the default before);
 - ``skiplock-sql``: pgbench running skiplock's own claim and complete (batch 10, 8
   clients), the ceiling of skiplock's schema with no Python in the loop;
 - ``plain``: pgbench running the postmortem's fixed claim and its completion, batched
@@ -518,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--subjects",
         default="skiplock,skiplock-sql,plain",
-        help="comma list of skiplock, skiplock-fused, skiplock-sql, skiplock-sql-fused, plain",
+        help="comma list of skiplock, skiplock-fused, skiplock-apart, skiplock-sql, "
+        "skiplock-sql-fused, plain",
     )
     p.add_argument(
         "--dsn",
@@ -563,6 +565,10 @@ def _run(dsn: str, subjects: list[str], args: argparse.Namespace) -> list[Phase]
             elif s == "skiplock-fused":
                 phases += subject_skiplock(
                     mon, s, args.jobs, args.concurrency, {"fuse_claims": True}
+                )
+            elif s == "skiplock-apart":
+                phases += subject_skiplock(
+                    mon, s, args.jobs, args.concurrency, {"fuse_claims": False}
                 )
             elif s == "skiplock-sql":
                 phases += subject_skiplock_sql(mon, args.jobs, args.clients, args.batch)

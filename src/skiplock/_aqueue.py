@@ -514,7 +514,13 @@ class AsyncQueue(QueueBase):
         jobs, params = self._complete_params(items)
         complete = self._fenced_op("complete", jobs, params, recheck)(False)
         async with self.connection() as conn:
-            res, claimed = await arun_together(conn, complete, claim(False))
+            try:
+                res, claimed = await arun_together(conn, complete, claim(False))
+            except pgerrors.ReadOnlySqlTransaction:
+                # As in _execute: close it, so that the caller's next try connects anew
+                # (with target_session_attrs=read-write, to the server taking writes).
+                await conn.close()
+                raise
         self._count_lost(len(res.lost))
         return res, claimed
 

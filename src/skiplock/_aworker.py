@@ -61,9 +61,10 @@ class AsyncWorker(WorkerBase):
     round trip (up to 2 x concurrency or 64, whichever is larger), so short jobs are
     claimed and completed in batches instead of a few at a time.  Run it with
     ``await worker.run()``; ``worker.stop()`` (from the loop, a signal handler or
-    another thread) ends it gracefully.  ``fuse_claims`` sends each batch of
-    completions and the claim of the slots it frees in one pipelined transaction, on
-    one pooled connection (psycopg's async pipeline), as ``Worker`` does.
+    another thread) ends it gracefully.  ``fuse_claims`` (on by default, as in
+    ``Worker``) sends each batch of completions and the claim of the slots it frees in
+    one pipelined transaction, on one pooled connection (psycopg's async pipeline);
+    ``fuse_claims=False`` completes and claims in transactions of their own.
     """
 
     def __init__(
@@ -91,7 +92,7 @@ class AsyncWorker(WorkerBase):
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
-        fuse_claims: bool = False,
+        fuse_claims: bool = True,
     ) -> None:
         super().__init__(
             queue,

@@ -462,7 +462,11 @@ class Queue(QueueBase):
         jobs, params = self._complete_params(items)
         complete = self._fenced_op("complete", jobs, params, recheck)(False)
         with self.connection() as conn:
-            res, claimed = run_together(conn, complete, claim(False))
+            try:
+                res, claimed = run_together(conn, complete, claim(False))
+            except pgerrors.ReadOnlySqlTransaction:
+                conn.close()
+                raise
         self._count_lost(len(res.lost))
         return (res, claimed)
 

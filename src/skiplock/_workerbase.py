@@ -259,7 +259,7 @@ class WorkerBase:
         tasks: Sequence[str] | None = None,
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
-        fuse_claims: bool = False,
+        fuse_claims: bool = True,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)

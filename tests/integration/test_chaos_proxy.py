@@ -128,25 +128,36 @@ def _count(q: Queue) -> int:
     return int(row[0])
 
 
+@pytest.mark.parametrize("fuse_claims", [False, True])
 def test_worker_does_not_report_a_committed_completion_as_lease_lost(
-    queue: Queue, monkeypatch: pytest.MonkeyPatch
+    queue: Queue, monkeypatch: pytest.MonkeyPatch, fuse_claims: bool
 ) -> None:
     """The writer's batch committed but the call failed (retries ran out, as above).
 
     The writer keeps the batch and writes it again.  The job is done under its own
     token: the worker must count it completed and emit ``completed``, not
-    ``lease_lost`` ("the write changed nothing", which is false here).
+    ``lease_lost`` ("the write changed nothing", which is false here).  With
+    ``fuse_claims`` the batch is written by ``_complete_and_claim``, else by
+    ``complete_many``: the one the mode uses is the one that fails.
     """
     import skiplock._worker as worker_mod
 
     class CommitThenFail(Queue):
-        failed_once = False
+        failed_once: str | None = None
+
+        def _fail_once(self, what: str) -> None:
+            if CommitThenFail.failed_once is None:
+                CommitThenFail.failed_once = what
+                raise DatabaseUnavailable("complete: cannot reach PostgreSQL (retries ran out)")
 
         def complete_many(self, jobs: Any, **kwargs: Any) -> Any:
             res = super().complete_many(jobs, **kwargs)
-            if not CommitThenFail.failed_once:
-                CommitThenFail.failed_once = True
-                raise DatabaseUnavailable("complete: cannot reach PostgreSQL (retries ran out)")
+            self._fail_once("complete_many")
+            return res
+
+        def _complete_and_claim(self, items: Any, claim: Any, **kwargs: Any) -> Any:
+            res = super()._complete_and_claim(items, claim, **kwargs)
+            self._fail_once("_complete_and_claim")
             return res
 
     monkeypatch.setattr(worker_mod, "Queue", CommitThenFail)
@@ -160,14 +171,16 @@ def test_worker_does_not_report_a_committed_completion_as_lease_lost(
         listen=False,
         poll_interval=0.05,
         on_event=lambda ev, job: events.append((ev, job.id)),
+        fuse_claims=fuse_claims,
     )
     t = w.start()
     try:
-        _wait(lambda: CommitThenFail.failed_once, "the first write")
+        _wait(lambda: CommitThenFail.failed_once is not None, "the first write")
         _wait(lambda: len(events) >= 3, "the worker to settle the job")
     finally:
         w.stop()
         t.join(30)
+    assert CommitThenFail.failed_once == ("_complete_and_claim" if fuse_claims else "complete_many")
     assert _status(queue, job_id) == "done"
     assert events == [("claimed", job_id), ("started", job_id), ("completed", job_id)]
     assert w.stats.completed == 1 and w.stats.lease_lost == 0

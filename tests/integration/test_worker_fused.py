@@ -253,12 +253,15 @@ def test_a_stale_fused_completion_changes_nothing_and_its_claim_still_counts(
     assert set(_completions(admin, queue.schema).values()) == {1}
 
 
-@pytest.mark.parametrize("flag", [True, False])
+@pytest.mark.parametrize(
+    ("args", "flag"), [([], True), (["--fuse-claims"], True), (["--no-fuse-claims"], False)]
+)
 def test_the_cli_flag_reaches_the_worker(
-    flag: bool, queue: Queue, admin: psycopg.Connection[Any], dsn: str
+    args: list[str], flag: bool, queue: Queue, admin: psycopg.Connection[Any], dsn: str
 ) -> None:
-    """``skiplock worker --fuse-claims``: completions and claims share transactions (a
-    job's start stamp is another's finish stamp); without it, never."""
+    """``skiplock worker`` (``--fuse-claims`` by default): completions and claims share
+    transactions (a job's start stamp is another's finish stamp); with
+    ``--no-fuse-claims``, never."""
     n = 300
     queue.enqueue_many([{"n": i} for i in range(n)])
     env = {
@@ -268,7 +271,7 @@ def test_the_cli_flag_reaches_the_worker(
     }
     cmd = [sys.executable, "-m", "skiplock.cli", "worker", "--schema", queue.schema]
     cmd += ["--handler", "control_handlers:noop", "--concurrency", "4", "--no-migrate"]
-    cmd += ["--name", f"cli-{flag}", *(["--fuse-claims"] if flag else [])]
+    cmd += ["--name", f"cli-{flag}", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: counts(queue).get("done", 0) == n, what="drain", timeout=60)
@@ -287,6 +290,7 @@ def test_the_apps_workers_take_the_option(dsn: str) -> None:
     @app.task()
     async def noop() -> None: ...
 
-    assert app.worker(fuse_claims=True).fuse_claims
-    assert app.async_worker(fuse_claims=True).fuse_claims
-    assert not app.async_worker().fuse_claims
+    # On by default, as in Worker and AsyncWorker; off when asked.
+    assert app.worker().fuse_claims and app.async_worker().fuse_claims
+    assert not app.worker(fuse_claims=False).fuse_claims
+    assert not app.async_worker(fuse_claims=False).fuse_claims

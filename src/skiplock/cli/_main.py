@@ -408,10 +408,11 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
 )
 @click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction mode).")
 @click.option(
-    "--fuse-claims",
-    is_flag=True,
-    help="Experimental: complete each batch of jobs and claim the slots it frees in one "
-    "pipelined transaction (one commit a batch instead of two).",
+    "--fuse-claims/--no-fuse-claims",
+    default=True,
+    show_default=True,
+    help="Complete each batch of jobs and claim the slots it frees in one pipelined "
+    "transaction (one commit a batch instead of two); --no-fuse-claims claims apart.",
 )
 @click.option(
     "--pooler",
