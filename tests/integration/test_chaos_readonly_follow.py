@@ -54,6 +54,13 @@ def server_of(q: Queue) -> str:
     return str(row[0])
 
 
+def _migrate_both(pair: tuple[ScratchCluster, ScratchCluster], schema: str) -> None:
+    """The schema on both servers, as a deployment that may fail over has it."""
+    for cluster in pair:
+        with Queue(cluster.dsn, schema=schema, max_size=1) as q:
+            q.migrate()
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 @pytest.mark.parametrize("fuse_claims", [False, True])
 def test_producers_and_workers_follow_the_server_that_takes_writes(
@@ -65,9 +72,7 @@ def test_producers_and_workers_follow_the_server_that_takes_writes(
     old, new = pair
     dsn = multi_host(old.dsn, new.dsn)
     schema = f"follow_{kind}_{'fused' if fuse_claims else 'apart'}"
-    for single in (old.dsn, new.dsn):
-        with Queue(single, schema=schema, max_size=1) as q:
-            q.migrate()
+    _migrate_both(pair, schema)
     seen: list[int] = []
     q = Queue(dsn, schema=schema, min_size=1, max_size=1)
     try:
@@ -131,9 +136,7 @@ def test_a_refused_fused_write_closes_its_connection(
     old, new = pair
     dsn = multi_host(old.dsn, new.dsn)
     schema = f"fused_refused_{kind}"
-    for single in (old.dsn, new.dsn):
-        with Queue(single, schema=schema, max_size=1) as q:
-            q.migrate()
+    _migrate_both(pair, schema)
     old_dir, new_dir = _data_dir(old.dsn), _data_dir(new.dsn)
     show = "SELECT current_setting('transaction_read_only'), current_setting('data_directory')"
 
