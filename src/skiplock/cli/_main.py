@@ -6,6 +6,7 @@ import importlib
 import json
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import click
@@ -63,19 +64,27 @@ class _Main(click.Group):
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """skiplock: a PostgreSQL job queue that never hands one job to two workers."""
-    ctx.call_on_close(_announce_embedded)
+    from .._embedded import started_here
+
+    before = set(started_here())
+    ctx.call_on_close(lambda: _announce_embedded(before))
 
 
-def _announce_embedded() -> None:
+def _announce_embedded(before: set[Path]) -> None:
     """Say, as the command exits, that an embedded server it started keeps running.
 
     It is left up on purpose (the next command reuses it in milliseconds instead of
     starting it again), but a process still running after the command that started it
     should not be a surprise: one line says where its data is and how to stop it.
+    Only a server this command started: one the process started before (a test run
+    calling the command in-process) is not this command's news, and the line would
+    land in the middle of its --json output.
     """
     from .._embedded import started_here
 
     for path in started_here():
+        if path in before:
+            continue
         click.echo(
             f"skiplock: the embedded PostgreSQL keeps running for the next command "
             f"(data in {path}); stop it with: skiplock embedded stop",
