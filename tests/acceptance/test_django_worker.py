@@ -118,16 +118,17 @@ def test_a_raising_task_is_retried_then_failed(worker: WorkerProcess) -> None:
         _ = result.return_value
 
 
-def test_sigterm_lets_the_running_task_finish_and_exits_0(worker: WorkerProcess) -> None:
+def test_sigterm_lets_the_running_task_finish_and_exits_0(
+    worker: WorkerProcess, tmp_path: Path
+) -> None:
     from testproj.tasks import hang
 
-    result = hang.enqueue(1.0)
-
-    def running() -> bool:
-        result.refresh()
-        return bool(result.status == "RUNNING")
-
-    wait_until(running, what=f"hang to start\n{worker.output()}")
+    started = tmp_path / "started"
+    result = hang.enqueue(1.0, str(started))
+    # Wait for the task body, not for RUNNING: a claimed job is RUNNING before a handler
+    # thread takes it, and a SIGTERM in that gap hands it back unstarted (READY, the
+    # attempt returned), which is right for the worker and wrong for this test.
+    wait_until(started.exists, what=f"hang to start\n{worker.output()}")
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(timeout=60) == 0, worker.output()
     result.refresh()

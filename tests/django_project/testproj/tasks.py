@@ -52,8 +52,14 @@ def ask_database() -> int:
 
 
 @task
-def hang(seconds: float) -> str:
+def hang(seconds: float, started: str | None = None) -> str:
+    # ``started``: a file to create once the task body runs.  The job's RUNNING status
+    # is set by the claim, before a handler picks it up, so it cannot tell a test that
+    # the body has begun.
     import time
+    from pathlib import Path
 
+    if started is not None:
+        Path(started).touch()
     time.sleep(seconds)
     return "woke"
