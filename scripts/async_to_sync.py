@@ -35,6 +35,7 @@ NAMES = {
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",
     "AsyncIterator": "Iterator",
+    "asynccontextmanager": "contextmanager",
     "AsyncCursor": "Cursor",
     "asyncio": "time",
     "__aenter__": "__enter__",

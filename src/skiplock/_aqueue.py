@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from time import monotonic
 from types import TracebackType
@@ -299,6 +300,22 @@ class AsyncQueue(QueueBase):
 
     # -- the driver ----------------------------------------------------------------------
 
+    @asynccontextmanager
+    async def _writable(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection for a write, closed if the server refuses writes.
+
+        A demoted primary or a read-only server answers ReadOnlySqlTransaction.  The
+        connection is closed (the pool makes a new one) so that, with a multi-host DSN
+        and target_session_attrs=read-write, the caller's retry connects to the server
+        that takes writes instead of trying this one again.
+        """
+        async with self.connection() as c:
+            try:
+                yield c
+            except pgerrors.ReadOnlySqlTransaction:
+                await c.close()
+                raise
+
     async def _execute(
         self,
         make_op: MakeOp,
@@ -321,17 +338,9 @@ class AsyncQueue(QueueBase):
         while True:
             sent = False
             try:
-                async with self.connection() as c:
+                async with self._writable() as c:
                     sent = True
-                    try:
-                        return await arun_op(c, make_op(attempt > 0))
-                    except pgerrors.ReadOnlySqlTransaction:
-                        # A demoted primary or a read-only server: this connection is
-                        # closed (the pool or the lane makes a new one), so that with a
-                        # multi-host DSN and target_session_attrs=read-write the retry
-                        # lands on the server that takes writes, not on this one again.
-                        await c.close()
-                        raise
+                    return await arun_op(c, make_op(attempt > 0))
             except (PoolTimeout, psycopg.Error) as exc:
                 attempt += 1
                 fatal = give_up(
@@ -513,14 +522,8 @@ class AsyncQueue(QueueBase):
         """
         jobs, params = self._complete_params(items)
         complete = self._fenced_op("complete", jobs, params, recheck)(False)
-        async with self.connection() as conn:
-            try:
-                res, claimed = await arun_together(conn, complete, claim(False))
-            except pgerrors.ReadOnlySqlTransaction:
-                # As in _execute: close it, so that the caller's next try connects anew
-                # (with target_session_attrs=read-write, to the server taking writes).
-                await conn.close()
-                raise
+        async with self._writable() as conn:
+            res, claimed = await arun_together(conn, complete, claim(False))
         self._count_lost(len(res.lost))
         return res, claimed
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from time import monotonic
 from types import TracebackType
@@ -273,6 +274,22 @@ class Queue(QueueBase):
             raise DatabaseUnavailable(f"{type(self).__name__} is not open: use {how} first")
         return self._pool.connection(timeout=self.settings.connect_timeout)
 
+    @contextmanager
+    def _writable(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for a write, closed if the server refuses writes.
+
+        A demoted primary or a read-only server answers ReadOnlySqlTransaction.  The
+        connection is closed (the pool makes a new one) so that, with a multi-host DSN
+        and target_session_attrs=read-write, the caller's retry connects to the server
+        that takes writes instead of trying this one again.
+        """
+        with self.connection() as c:
+            try:
+                yield c
+            except pgerrors.ReadOnlySqlTransaction:
+                c.close()
+                raise
+
     def _execute(
         self,
         make_op: MakeOp,
@@ -293,13 +310,9 @@ class Queue(QueueBase):
         while True:
             sent = False
             try:
-                with self.connection() as c:
+                with self._writable() as c:
                     sent = True
-                    try:
-                        return run_op(c, make_op(attempt > 0))
-                    except pgerrors.ReadOnlySqlTransaction:
-                        c.close()
-                        raise
+                    return run_op(c, make_op(attempt > 0))
             except (PoolTimeout, psycopg.Error) as exc:
                 attempt += 1
                 fatal = give_up(
@@ -461,12 +474,8 @@ class Queue(QueueBase):
         """
         jobs, params = self._complete_params(items)
         complete = self._fenced_op("complete", jobs, params, recheck)(False)
-        with self.connection() as conn:
-            try:
-                res, claimed = run_together(conn, complete, claim(False))
-            except pgerrors.ReadOnlySqlTransaction:
-                conn.close()
-                raise
+        with self._writable() as conn:
+            res, claimed = run_together(conn, complete, claim(False))
         self._count_lost(len(res.lost))
         return (res, claimed)
 

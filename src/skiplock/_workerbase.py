@@ -9,6 +9,7 @@ the jobs still held.  The statements themselves are the queue's (``_aqueue.py``)
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import signal
@@ -298,7 +299,7 @@ class WorkerBase:
         self._rotation = 0
         # When the claim loop next sweeps and prunes (_sweep_due, _prune_due).
         self._next_sweep = 0.0
-        self._next_prune = 0.0
+        self._next_prune = math.inf
         self.queues = names
         self.concurrency = concurrency
         self.lease = float(lease)
@@ -589,7 +590,10 @@ class WorkerBase:
         random point of their interval so that workers started together spread them.
         """
         self._next_sweep = now
-        self._next_prune = now + random.uniform(0, self.prune_interval)
+        if self.retention is None:
+            self._next_prune = math.inf  # this worker does not prune
+        else:
+            self._next_prune = now + random.uniform(0, self.prune_interval)
 
     def _sweep_due(self, now: float) -> bool:
         """True if a sweep is due at ``now``; the next one is then scheduled."""
@@ -599,8 +603,9 @@ class WorkerBase:
         return True
 
     def _prune_due(self, now: float) -> bool:
-        """True if this worker prunes and a prune is due; the next one is then scheduled."""
-        if self.retention is None or now < self._next_prune:
+        """True if a prune is due (never without retention); the next one is then
+        scheduled."""
+        if now < self._next_prune:
             return False
         self._next_prune = now + self.prune_interval * random.uniform(0.75, 1.25)
         return True
@@ -612,10 +617,7 @@ class WorkerBase:
         longer than the sweep interval it would otherwise sweep, refresh its row (and
         so count as alive in ``status``) and recover expired leases once per poll.
         """
-        due = self._next_sweep
-        if self.retention is not None:
-            due = min(due, self._next_prune)
-        return max(0.0, min(timeout, due - now))
+        return max(0.0, min(timeout, self._next_sweep - now, self._next_prune - now))
 
     def _upkeep_failed(self, what: str, exc: BaseException) -> None:
         # A sweep or prune that fails is retried at its next turn; any worker may do it.
