@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 
 from skiplock import Worker
-from skiplock.cli._main import worker as worker_command
+from skiplock.cli._worker import worker as worker_command
 
 # Options the command maps onto Worker() under the same name.
 SAME_NAME = {

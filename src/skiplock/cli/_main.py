@@ -11,14 +11,12 @@ from typing import Any
 
 import click
 
-from .._config import validate_queue
 from .._errors import ConfigError, PayloadError
 from .._queue import Queue
 from .common import (
     dsn_option,
     echo_json,
     json_option,
-    require_extra,
     schema_option,
     user_errors,
 )
@@ -47,6 +45,7 @@ class _Main(click.Group):
         "demo": "skiplock.demo._cli",
         "embedded": "skiplock.cli._embedded",
         "race": "skiplock.lab._cli",
+        "worker": "skiplock.cli._worker",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -261,30 +260,6 @@ def sweep(dsn: str | None, schema: str, as_json: bool) -> None:
         click.echo(f"swept {n} job(s)")
 
 
-def _periodic_specs(
-    specs: tuple[str, ...], queue: str, timezone: str, catch_up: str, grace: float
-) -> list[Any]:
-    """--periodic NAME=CRON options as checked Periodic specs (ConfigError: exit 2)."""
-    from .._periodic import Periodic, check_periodic
-
-    out = []
-    for text in specs:
-        name, sep, cron = text.partition("=")
-        if not sep:
-            raise ConfigError(f"--periodic expects NAME=CRON, not {text!r}")
-        out.append(
-            Periodic(
-                name.strip(),
-                cron.strip(),
-                queue=queue,
-                timezone=timezone,
-                catch_up=catch_up,  # type: ignore[arg-type]  # Periodic checks it
-                grace=grace,
-            )
-        )
-    return check_periodic(out)
-
-
 @main.command()
 @click.option(
     "--older-than", default=7 * 86400.0, show_default=True, help="Seconds since the job finished."
@@ -357,282 +332,6 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
         for u in unserved:
             waiting.add_row(u["queue"], u["task"], str(u["jobs"]), f"{u['oldest_seconds']:.1f}s")
         Console().print(waiting)
-
-
-@main.command()
-@click.option(
-    "--queue",
-    "queues",
-    multiple=True,
-    help="Queue to serve; repeat for several [default: the app's queues, or 'default'].",
-)
-@click.option(
-    "--app",
-    "app_path",
-    default=None,
-    help="module:attribute of a skiplock.App: run every task of the app.",
-)
-@click.option(
-    "--handler",
-    "handler_path",
-    default=None,
-    help="module:function called with each Job (handler-per-queue jobs).",
-)
-@click.option("--concurrency", default=4, show_default=True, help="Handlers running at once.")
-@click.option(
-    "--prefetch",
-    default=None,
-    type=click.IntRange(min=0),
-    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency or 64].",
-)
-@click.option(
-    "--lease",
-    default=None,
-    type=float,
-    help="Seconds a claim lasts without heartbeat [default: 30, or the app's longest task lease].",
-)
-@click.option(
-    "--heartbeat",
-    "heartbeat_interval",
-    default=None,
-    type=float,
-    help="Seconds between heartbeats [default: lease/3].",
-)
-@click.option(
-    "--timeout", "job_timeout", default=None, type=float, help="Seconds a handler may run."
-)
-@click.option("--name", default=None, help="Worker name [default: host-pid].")
-@click.option(
-    "--poll",
-    "poll_interval",
-    default=1.0,
-    show_default=True,
-    help="Seconds between polls when idle.",
-)
-@click.option(
-    "--sweep-interval",
-    default=2.0,
-    show_default=True,
-    help="Seconds between sweeps of expired leases.",
-)
-@click.option("--no-listen", is_flag=True, help="Poll only (for PgBouncer in transaction mode).")
-@click.option(
-    "--fuse-claims/--no-fuse-claims",
-    default=True,
-    show_default=True,
-    help="Complete each batch of jobs and claim the slots it frees in one pipelined "
-    "transaction (one commit a batch instead of two); --no-fuse-claims claims apart.",
-)
-@click.option(
-    "--pooler",
-    is_flag=True,
-    help="The DSN is a transaction pooler (PgBouncer): poll, no prepared statements.",
-)
-@click.option(
-    "--metrics-port",
-    default=None,
-    type=click.IntRange(0, 65535),
-    help="Serve Prometheus metrics on this port (0: any free port; needs skiplock[metrics]).",
-)
-@click.option(
-    "--metrics-addr", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
-)
-@click.option(
-    "--metrics-interval",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(min=0.01),
-    help="Seconds between the status queries behind the per-queue gauges.",
-)
-@click.option(
-    "--grace",
-    "shutdown_grace",
-    default=30.0,
-    show_default=True,
-    help="Seconds running handlers get on SIGTERM.",
-)
-@click.option(
-    "--retention", default=None, type=float, help="Delete jobs finished this many seconds ago."
-)
-@click.option(
-    "--migrate/--no-migrate",
-    "do_migrate",
-    default=True,
-    show_default=True,
-    help="Apply migrations on start.",
-)
-@click.option(
-    "--periodic",
-    "periodic_specs",
-    multiple=True,
-    metavar="NAME=CRON",
-    help="Enqueue a job on this cron schedule (5 fields, or 6 with seconds first); repeat "
-    "for several.  Every worker may run the same schedules: each tick is enqueued once.",
-)
-@click.option(
-    "--periodic-queue",
-    default=None,
-    help="Queue of the --periodic jobs [default: the first --queue].",
-)
-@click.option("--timezone", default="UTC", show_default=True, help="IANA zone of --periodic.")
-@click.option(
-    "--catch-up",
-    default="skip",
-    show_default=True,
-    metavar="skip|all|latest",
-    help="Missed --periodic ticks after downtime: skip those over --periodic-grace "
-    "late, all, or the latest.",
-)
-@click.option(
-    "--periodic-grace",
-    "periodic_grace",
-    default=60.0,
-    show_default=True,
-    help="Seconds a --periodic tick may be late and still be enqueued.",
-)
-@click.option("-v", "--verbose", is_flag=True)
-@click.option(
-    "--log-format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Log lines on stderr as text, or as one JSON object per line (with job fields).",
-)
-@dsn_option
-@schema_option
-@user_errors
-def worker(
-    queues: tuple[str, ...],
-    app_path: str | None,
-    handler_path: str | None,
-    concurrency: int,
-    prefetch: int | None,
-    lease: float | None,
-    heartbeat_interval: float | None,
-    job_timeout: float | None,
-    name: str | None,
-    poll_interval: float,
-    sweep_interval: float,
-    no_listen: bool,
-    fuse_claims: bool,
-    pooler: bool,
-    metrics_port: int | None,
-    metrics_addr: str,
-    metrics_interval: float,
-    shutdown_grace: float,
-    retention: float | None,
-    do_migrate: bool,
-    periodic_specs: tuple[str, ...],
-    periodic_queue: str | None,
-    timezone: str,
-    catch_up: str,
-    periodic_grace: float,
-    verbose: bool,
-    log_format: str,
-    dsn: str | None,
-    schema: str,
-) -> None:
-    """Run tasks or handlers until SIGTERM/SIGINT (a second signal exits at once).
-
-    --app module:app runs every task of a skiplock.App (its @app.periodic schedules
-    too); --handler module:function runs one function for every job of the queues.
-    Modules are imported from the current directory first.  With --periodic
-    NAME=CRON, also enqueue a job on that schedule, with payload
-    {"periodic": NAME, "scheduled_at": ISO time}, to --periodic-queue.
-
-    Exits 3 when handlers were still running at the end of --grace: their jobs were
-    abandoned and run again once their leases run out.
-    """
-    import logging
-
-    from .._handlers import load_handler, load_object
-    from .._logs import JsonFormatter
-    from .._tasks import App
-    from .._worker import Worker
-
-    log_handler = logging.StreamHandler(sys.stderr)
-    log_handler.setFormatter(
-        JsonFormatter()
-        if log_format == "json"
-        else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    )
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
-    if metrics_port is not None:
-        require_extra("the metrics endpoint (--metrics-port)", "metrics", "prometheus_client")
-    if (app_path is None) == (handler_path is None):
-        raise ConfigError("give --app module:app (a skiplock.App) or --handler module:function")
-    app: App | None = None
-    if app_path is not None:
-        app = load_object(app_path, what="app")
-        if not isinstance(app, App):
-            raise ConfigError(f"--app {app_path!r} is a {type(app).__name__}, not a skiplock.App")
-        # The command line wins over the app's own settings, as for every command.
-        dsn = dsn if dsn is not None else app.dsn
-        source = click.get_current_context().get_parameter_source("schema")
-        if source is click.core.ParameterSource.DEFAULT:
-            schema = app.schema
-        app_queues = sorted({t.queue for t in app.tasks.values()})
-        first_queue = queues[0] if queues else (app_queues[0] if app_queues else "default")
-    else:
-        assert handler_path is not None
-        handler = load_handler(handler_path)
-        queues = queues or ("default",)
-        first_queue = queues[0]
-    for queue_name in queues:
-        validate_queue(queue_name)  # before --migrate writes anything
-    periodic = _periodic_specs(
-        periodic_specs, periodic_queue or first_queue, timezone, catch_up, periodic_grace
-    )
-    q = _queue(dsn, schema, min_size=1, max_size=1, pooler=pooler)
-    metrics = None
-    try:
-        if do_migrate:
-            q.migrate()
-        if metrics_port is not None:
-            from ..metrics import WorkerMetrics
-
-            metrics = WorkerMetrics(q, status_interval=metrics_interval)
-            port = metrics.serve(metrics_port, metrics_addr)
-            metrics.start()
-            logging.getLogger("skiplock.worker").info(
-                "metrics at http://%s:%d/metrics", metrics_addr, port
-            )
-        options: dict[str, Any] = {
-            "concurrency": concurrency,
-            "prefetch": prefetch,
-            "heartbeat_interval": heartbeat_interval,
-            "name": name,
-            "poll_interval": poll_interval,
-            "sweep_interval": sweep_interval,
-            "job_timeout": job_timeout,
-            "listen": not no_listen,
-            "fuse_claims": fuse_claims,
-            "shutdown_grace": shutdown_grace,
-            "retention": retention,
-            "on_event": None if metrics is None else metrics.on_event,
-            "on_measure": None if metrics is None else metrics.on_measure,
-        }
-        if lease is not None:
-            options["lease"] = lease
-        if app is not None:
-            w = app.worker(
-                queues=list(queues) or None,
-                using=q,
-                periodic=[*app.periodic_specs, *periodic],
-                **options,
-            )
-        else:
-            w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
-        w.handle_signals()
-        stats = w.run()
-    finally:
-        if metrics is not None:
-            metrics.close()
-        q.close()
-    if stats.abandoned:
-        # Not 0: a deploy that cut work off should be visible to what restarts us.
-        # Not 1, which is a crash: the worker said what it abandoned, and nothing is lost.
-        sys.exit(3)
 
 
 @main.command()
