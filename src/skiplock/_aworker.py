@@ -445,16 +445,7 @@ class AsyncWorker(WorkerBase):
                 )
                 beat.cancel()
                 if getter.done():
-                    item = getter.result()
-                    while True:
-                        if item is None:
-                            stop = True
-                            break
-                        pending.append(item)
-                        try:
-                            item = self._outcomes.get_nowait()
-                        except asyncio.QueueEmpty:
-                            break
+                    stop = await self._gather_outcomes(getter.result(), pending)
                 else:
                     getter.cancel()
                 if self._beat_now.is_set():
@@ -489,6 +480,36 @@ class AsyncWorker(WorkerBase):
             if time.monotonic() >= next_beat:
                 await self._heartbeat()
                 next_beat = time.monotonic() + self.heartbeat_interval
+
+    async def _gather_outcomes(
+        self, first: tuple[Job, Outcome] | None, pending: list[tuple[Job, Outcome]]
+    ) -> bool:
+        """Add ``first`` and the outcomes queued after it to ``pending``, letting
+        handlers that are ready to run finish first; True if the end-of-work marker
+        (None) came.
+
+        Woken by the first outcome, the writer wrote no-op jobs in batches about half
+        the threaded worker's (39 against 68 at concurrency 8), one round trip each: a
+        finished handler starts the next held job, which runs one pass of the loop
+        later and hands its outcome over one pass after that.  So this yields to the
+        loop until two passes in a row bring nothing: a slow handler holds the write
+        back by two passes, not by its run time.
+        """
+        assert self._outcomes is not None
+        got: list[tuple[Job, Outcome] | None] = [first]
+        idle = 0
+        while True:
+            for item in got:
+                if item is None:
+                    return True
+                pending.append(item)
+            idle = 0 if got else idle + 1
+            if idle >= 2:
+                return False
+            await asyncio.sleep(0)
+            got = []
+            while not self._outcomes.empty():
+                got.append(self._outcomes.get_nowait())
 
     async def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
         assert self._q is not None and self._stopping is not None
