@@ -292,3 +292,39 @@ def test_two_async_workers_run_each_job_exactly_once(
         )
     ).fetchone()
     assert completions == (1, 1)
+
+
+def test_outcomes_of_ready_handlers_go_out_in_one_write(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handlers that finish without awaiting anything all finish before the writer
+    writes: with room for 40 jobs, 120 no-op jobs are completed 40 at a time (each
+    write also claiming the next 40), not in pieces of a few.  The writer used to write
+    as soon as the first outcome came, and the jobs its own claim had started were
+    written 4 to 8 at a time."""
+    batches: list[int] = []
+    complete_many = AsyncQueue.complete_many
+    complete_and_claim = AsyncQueue._complete_and_claim
+
+    async def counted_many(self: AsyncQueue, items: Any, *a: Any, **k: Any) -> Any:
+        batches.append(len(items))
+        return await complete_many(self, items, *a, **k)
+
+    async def counted_fused(self: AsyncQueue, items: Any, *a: Any, **k: Any) -> Any:
+        batches.append(len(items))
+        return await complete_and_claim(self, items, *a, **k)
+
+    monkeypatch.setattr(AsyncQueue, "complete_many", counted_many)
+    monkeypatch.setattr(AsyncQueue, "_complete_and_claim", counted_fused)
+    queue.enqueue_many([{"n": i} for i in range(120)])
+
+    async def noop(job: Job) -> None:
+        return None
+
+    async def body(w: AsyncWorker, aq: AsyncQueue) -> None:
+        await until(lambda: w.stats.completed == 120, what="120 completions")
+
+    with_worker(queue, noop, body, concurrency=4, prefetch=36)
+    # Here: [40, 40, 40]; before: [8, 36, 8, 36, 8, 24].
+    assert sum(batches) == 120 and len(batches) <= 4, batches
+    assert min(batches[:-1]) >= 20, batches
