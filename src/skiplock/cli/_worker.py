@@ -183,40 +183,20 @@ def _periodic_specs(
     show_default=True,
     help="Log lines on stderr as text, or as one JSON object per line (with job fields).",
 )
+@click.option(
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Worker processes, each with --concurrency handlers.  One process runs Python "
+    "on one core at a time: with more cores, more processes drain short jobs faster.  "
+    "This command then supervises them: it passes each signal on and starts a process "
+    "that died again.",
+)
 @dsn_option
 @schema_option
 @user_errors
-def worker(
-    queues: tuple[str, ...],
-    app_path: str | None,
-    handler_path: str | None,
-    concurrency: int,
-    prefetch: int | None,
-    lease: float | None,
-    heartbeat_interval: float | None,
-    job_timeout: float | None,
-    name: str | None,
-    poll_interval: float,
-    sweep_interval: float,
-    no_listen: bool,
-    fuse_claims: bool,
-    pooler: bool,
-    metrics_port: int | None,
-    metrics_addr: str,
-    metrics_interval: float,
-    shutdown_grace: float,
-    retention: float | None,
-    do_migrate: bool,
-    periodic_specs: tuple[str, ...],
-    periodic_queue: str | None,
-    timezone: str,
-    catch_up: str,
-    periodic_grace: float,
-    verbose: bool,
-    log_format: str,
-    dsn: str | None,
-    schema: str,
-) -> None:
+def worker(**params: Any) -> None:
     """Run tasks or handlers until SIGTERM/SIGINT (a second signal exits at once).
 
     --app module:app runs every task of a skiplock.App (its @app.periodic schedules
@@ -228,12 +208,24 @@ def worker(
     Exits 3 when handlers were still running at the end of --grace: their jobs were
     abandoned and run again once their leases run out.
     """
+    processes = params.pop("processes")
+    source = click.get_current_context().get_parameter_source("schema")
+    params["schema_given"] = source is not click.core.ParameterSource.DEFAULT
+    _setup_logging(params["verbose"], params["log_format"])
+    if processes > 1:
+        from ._supervise import supervise
+
+        code = supervise(processes, _prepared(params))
+    else:
+        code = run_worker(**params)
+    if code:
+        sys.exit(code)
+
+
+def _setup_logging(verbose: bool, log_format: str) -> None:
     import logging
 
-    from .._handlers import load_handler, load_object
     from .._logs import JsonFormatter
-    from .._tasks import App
-    from .._worker import Worker
 
     log_handler = logging.StreamHandler(sys.stderr)
     log_handler.setFormatter(
@@ -242,63 +234,129 @@ def worker(
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
-    if metrics_port is not None:
+
+
+def _load(params: dict[str, Any]) -> tuple[Any, Any, str, str | None, list[Any]]:
+    """Check the options and load what they name: (app or None, handler or None,
+    schema, dsn, periodic specs), with the app's dsn and schema where none was given."""
+    from .._handlers import load_handler, load_object
+    from .._tasks import App
+
+    queues: tuple[str, ...] = tuple(params["queues"])
+    app_path, handler_path = params["app_path"], params["handler_path"]
+    dsn, schema = params["dsn"], params["schema"]
+    if params["metrics_port"] is not None:
         require_extra("the metrics endpoint (--metrics-port)", "metrics", "prometheus_client")
     if (app_path is None) == (handler_path is None):
         raise ConfigError("give --app module:app (a skiplock.App) or --handler module:function")
     app: App | None = None
+    handler = None
     if app_path is not None:
         app = load_object(app_path, what="app")
         if not isinstance(app, App):
             raise ConfigError(f"--app {app_path!r} is a {type(app).__name__}, not a skiplock.App")
         # The command line wins over the app's own settings, as for every command.
         dsn = dsn if dsn is not None else app.dsn
-        source = click.get_current_context().get_parameter_source("schema")
-        if source is click.core.ParameterSource.DEFAULT:
+        if not params["schema_given"]:
             schema = app.schema
         app_queues = sorted({t.queue for t in app.tasks.values()})
         first_queue = queues[0] if queues else (app_queues[0] if app_queues else "default")
     else:
-        assert handler_path is not None
         handler = load_handler(handler_path)
         queues = queues or ("default",)
         first_queue = queues[0]
+    params["queues"] = queues
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything
     periodic = _periodic_specs(
-        periodic_specs, periodic_queue or first_queue, timezone, catch_up, periodic_grace
+        tuple(params["periodic_specs"]),
+        params["periodic_queue"] or first_queue,
+        params["timezone"],
+        params["catch_up"],
+        params["periodic_grace"],
     )
-    q = _queue(dsn, schema, min_size=1, max_size=1, pooler=pooler)
+    return app, handler, schema, dsn, periodic
+
+
+def _prepared(params: dict[str, Any]) -> dict[str, Any]:
+    """The options for ``--processes`` children, checked and resolved once here.
+
+    Loading the app or handler here makes a bad one exit 2 at once instead of in every
+    child; the DSN is resolved (an embedded server started) and the schema migrated
+    once, so the children neither race to start a server nor to migrate.
+    """
+    if params["metrics_port"] is not None:
+        raise ConfigError(
+            "--metrics-port serves one process: with --processes, run a worker "
+            "command per process (each with its own port) instead"
+        )
+    _, _, schema, dsn, _ = _load(params)
+    with _queue(dsn, schema, min_size=1, max_size=1, pooler=params["pooler"]) as q:
+        if params["do_migrate"]:
+            q.migrate()
+        resolved = q.settings.dsn
+    return {
+        **params,
+        "dsn": resolved,
+        "schema": schema,
+        "schema_given": True,
+        "do_migrate": False,
+    }
+
+
+def child_main() -> None:
+    """A ``--processes`` child (``python -c``, started by ``_supervise``): its options
+    come as JSON on stdin, not in argv or the environment, as the DSN may hold a
+    password."""
+    import json
+
+    params = json.loads(sys.stdin.buffer.read())
+    params["queues"] = tuple(params["queues"])
+    params["periodic_specs"] = tuple(params["periodic_specs"])
+    _setup_logging(params["verbose"], params["log_format"])
+    sys.exit(run_worker(**params))
+
+
+def run_worker(**params: Any) -> int:
+    """One worker process, as ``skiplock worker`` runs it: returns its exit code."""
+    import logging
+
+    from .._worker import Worker
+
+    app, handler, schema, dsn, periodic = _load(params)
+    queues: tuple[str, ...] = params["queues"]
+    metrics_port = params["metrics_port"]
+    q = _queue(dsn, schema, min_size=1, max_size=1, pooler=params["pooler"])
     metrics = None
     try:
-        if do_migrate:
+        if params["do_migrate"]:
             q.migrate()
         if metrics_port is not None:
             from ..metrics import WorkerMetrics
 
-            metrics = WorkerMetrics(q, status_interval=metrics_interval)
-            port = metrics.serve(metrics_port, metrics_addr)
+            metrics = WorkerMetrics(q, status_interval=params["metrics_interval"])
+            port = metrics.serve(metrics_port, params["metrics_addr"])
             metrics.start()
             logging.getLogger("skiplock.worker").info(
-                "metrics at http://%s:%d/metrics", metrics_addr, port
+                "metrics at http://%s:%d/metrics", params["metrics_addr"], port
             )
         options: dict[str, Any] = {
-            "concurrency": concurrency,
-            "prefetch": prefetch,
-            "heartbeat_interval": heartbeat_interval,
-            "name": name,
-            "poll_interval": poll_interval,
-            "sweep_interval": sweep_interval,
-            "job_timeout": job_timeout,
-            "listen": not no_listen,
-            "fuse_claims": fuse_claims,
-            "shutdown_grace": shutdown_grace,
-            "retention": retention,
+            "concurrency": params["concurrency"],
+            "prefetch": params["prefetch"],
+            "heartbeat_interval": params["heartbeat_interval"],
+            "name": params["name"],
+            "poll_interval": params["poll_interval"],
+            "sweep_interval": params["sweep_interval"],
+            "job_timeout": params["job_timeout"],
+            "listen": not params["no_listen"],
+            "fuse_claims": params["fuse_claims"],
+            "shutdown_grace": params["shutdown_grace"],
+            "retention": params["retention"],
             "on_event": None if metrics is None else metrics.on_event,
             "on_measure": None if metrics is None else metrics.on_measure,
         }
-        if lease is not None:
-            options["lease"] = lease
+        if params["lease"] is not None:
+            options["lease"] = params["lease"]
         if app is not None:
             w = app.worker(
                 queues=list(queues) or None,
@@ -314,7 +372,7 @@ def worker(
         if metrics is not None:
             metrics.close()
         q.close()
-    if stats.abandoned:
-        # Not 0: a deploy that cut work off should be visible to what restarts us.
-        # Not 1, which is a crash: the worker said what it abandoned, and nothing is lost.
-        sys.exit(3)
+    # Not 0 when work was cut off: a deploy that did it should be visible to what
+    # restarts us.  Not 1, which is a crash: the worker said what it abandoned, and
+    # nothing is lost.
+    return 3 if stats.abandoned else 0
