@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import psutil
 import pytest
+from psycopg import sql
 
 from skiplock import Queue
 
@@ -22,13 +23,23 @@ def children(proc: subprocess.Popen[str]) -> list[psutil.Process]:
     return psutil.Process(proc.pid).children()
 
 
+def registered(queue: Queue) -> set[str]:
+    """The workers whose claim loop has started (it registers at its first sweep)."""
+    with queue.connection() as c:
+        q = sql.SQL("SELECT name FROM {}.workers").format(sql.Identifier(queue.schema))
+        return {str(name) for (name,) in c.execute(q).fetchall()}
+
+
 def test_jobs_run_in_n_processes_and_a_signal_stops_them_all(
     queue: Queue,
     workers: Callable[..., subprocess.Popen[str]],  # noqa: F811
     executions: Callable[[], list[tuple[int, int, int]]],  # noqa: F811
 ) -> None:
-    ids = queue.enqueue_many([{"sleep": 0.3} for _ in range(8)])
     w = workers("--processes", "2", "--concurrency", "2", "--prefetch", "0", "--name", "pw")
+    # Both claiming before any job exists: a child slow to start would leave them all
+    # to the other one.
+    wait_until(lambda: registered(queue) == {"pw-1", "pw-2"}, what="both children")
+    ids = queue.enqueue_many([{"sleep": 0.3} for _ in range(8)])
     wait_until(lambda: len(executions()) == 8, what="8 executions")
     pids = {pid for _, _, pid in executions()}
     kids = children(w)

@@ -168,7 +168,9 @@ def _exit_code(slots: list[_Slot], received: list[int]) -> int:
         return 2
     if len(received) >= 2:
         return 128 + received[-1]
-    final = [slot.codes[-1] for slot in slots if slot.codes]
+    # A child still starting when the signal came was ended by it (before it could
+    # take the signal itself): it held nothing, so that is a clean stop.
+    final = [0 if -c in received else c for c in (s.codes[-1] for s in slots if s.codes)]
     if 3 in final:
         return 3
     if any(code != 0 for code in final):
