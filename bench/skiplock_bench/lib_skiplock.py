@@ -21,6 +21,7 @@ from psycopg import sql
 from skiplock import AsyncWorker, Job, Queue, Worker
 
 from .procs import Channel, ChildResult, ChildSpec
+from .tally import HEADER
 
 NAME = "skiplock"
 SCHEMA = "bench"
@@ -97,7 +98,7 @@ def claim_latencies(dsn: str, schema: str, samples: int, batch: int = 10) -> lis
 
 
 # Options of a drain variant that choose how the bench runs it, not Worker arguments.
-_BENCH_OPTIONS = ("cli", "async")
+_BENCH_OPTIONS = ("cli", "async", "processes")
 
 
 def _worker(spec: ChildSpec, on_event: Any) -> tuple[Queue, dict[str, Any]]:
@@ -224,6 +225,7 @@ def cli_command(spec: ChildSpec) -> list[str]:
         spec.name,
         "--handler",
         "skiplock_bench.cli_handler:handler",
+        *(["--processes", str(spec.options["processes"])] if "processes" in spec.options else []),
     ]
 
 
@@ -237,11 +239,11 @@ def drain_cli_child(spec: ChildSpec, chan: Channel) -> None:
     drain would load the server the in-process configuration does not load.
     """
     fd, tally = tempfile.mkstemp(prefix="skiplock-bench-tally-")
-    os.ftruncate(fd, 8 + 4 * spec.n)
+    os.ftruncate(fd, HEADER + 4 * spec.n)
     mapped = mmap.mmap(fd, 0)
     os.close(fd)
-    total = memoryview(mapped)[:8].cast("q")
-    counts = memoryview(mapped)[8:].cast("i")
+    totals = memoryview(mapped)[8:HEADER].cast("q")  # one per handler process
+    counts = memoryview(mapped)[HEADER:].cast("i")
     bench_dir = str(Path(__file__).resolve().parents[1])
     env = {
         **os.environ,
@@ -260,7 +262,7 @@ def drain_cli_child(spec: ChildSpec, chan: Channel) -> None:
         )
         try:
             while not chan.stop.is_set() and proc.poll() is None:
-                ran = total[0]
+                ran = sum(totals)
                 if ran >= spec.n:
                     row = db.execute(unfinished).fetchone()
                     if row is not None and row[0] == 0:
@@ -284,7 +286,7 @@ def drain_cli_child(spec: ChildSpec, chan: Channel) -> None:
             stderr.seek(0)
             error = f"skiplock worker exited {proc.returncode}:\n" + stderr.read()[-4000:]
     seen = [i for i, c in enumerate(counts) for _ in range(c)]
-    del total, counts
+    del totals, counts
     mapped.close()
     os.unlink(tally)
     chan.report(ChildResult(index=spec.index, pid=os.getpid(), seen=seen, error=error))

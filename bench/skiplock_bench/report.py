@@ -38,6 +38,10 @@ def cli_config(c: int) -> str:
     return f"c{c}: skiplock worker CLI x {c}"
 
 
+def cli_procs_config(c: int, p: int) -> str:
+    return f"c{c}: skiplock worker --processes {p} x {c // p}"
+
+
 LIB_ORDER = {"skiplock": 0, "pgqueuer": 1, "procrastinate": 2, "pgbench": 3}
 COLORS = {"skiplock": "#1f77b4", "pgqueuer": "#ff7f0e", "procrastinate": "#2ca02c"}
 
@@ -208,7 +212,18 @@ def issue19_targets(res: Results, sizes: list[int], concurrency: list[int]) -> l
                 worker = res.series(Key("drain", "skiplock", worker_config(c), n, "jobs/s"))
                 cli = res.series(Key("drain", "skiplock", cli_config(c), n, DB_CLOCK))
                 aw = res.series(Key("drain", "skiplock", async_config(c), n, "jobs/s"))
-                for name, s in (("Worker", worker), ("`skiplock worker` CLI (db clock)", cli)):
+                subjects = [("Worker", worker), ("`skiplock worker` CLI (db clock)", cli)]
+                # Several processes, if the run had them: not a target of its own (the
+                # issue names one process), a row beside them for what a host's cores
+                # give (docs/scaling.md).
+                prefix = f"c{c}: skiplock worker "
+                for k in res.keys("drain"):
+                    if (k.lib, k.n, k.metric) == ("skiplock", n, DB_CLOCK) and k.config.startswith(
+                        prefix + "--processes "
+                    ):
+                        how = k.config.removeprefix(prefix)
+                        subjects.append((f"`skiplock worker {how}` (db clock)", res.series(k)))
+                for name, s in subjects:
                     ceiling.append(
                         Ratio(
                             f"drain {where}: {name} {_med(s)} / plain-SQL ceiling "

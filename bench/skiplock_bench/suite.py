@@ -32,6 +32,7 @@ from .report import (
     async_config,
     ceiling_config,
     cli_config,
+    cli_procs_config,
     worker_config,
 )
 from .server import (
@@ -102,6 +103,10 @@ def variants(lib: str, cfg: Config) -> list[Variant]:
             # The command users deploy, with its own defaults (issue 14: it ran at half
             # the library's rate, unseen, while only the library was measured).
             out.append(Variant(lib, cli_config(c), 1, c, c, {"cli": True}))
+            if p > 1 and c % p == 0:
+                # The same command over the host's cores: `--processes`.
+                opts = {"cli": True, "processes": p}
+                out.append(Variant(lib, cli_procs_config(c, p), 1, c // p, c, opts))
     elif lib == "pgqueuer":
         out.append(Variant(lib, "defaults: batch 10, no cap", 1, 0, None))
         for c in cfg.concurrency:
