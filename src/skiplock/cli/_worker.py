@@ -8,7 +8,7 @@ the rest do not import it (``_Main.TOOLS`` loads it when named).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -236,9 +236,20 @@ def _setup_logging(verbose: bool, log_format: str) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
 
 
-def _load(params: dict[str, Any]) -> tuple[Any, Any, str, str | None, list[Any]]:
-    """Check the options and load what they name: (app or None, handler or None,
-    schema, dsn, periodic specs), with the app's dsn and schema where none was given."""
+class _Loaded(NamedTuple):
+    """What the options name, checked: the app's dsn and schema where none was given,
+    and the queues to serve (none named with --app: all of the app's)."""
+
+    app: Any  # a skiplock.App, or None with --handler
+    handler: Any  # the --handler function, or None with --app
+    schema: str
+    dsn: str | None
+    queues: tuple[str, ...]
+    periodic: list[Any]
+
+
+def _load(params: dict[str, Any]) -> _Loaded:
+    """Check the options and load the app or handler they name (ConfigError: exit 2)."""
     from .._handlers import load_handler, load_object
     from .._tasks import App
 
@@ -265,7 +276,6 @@ def _load(params: dict[str, Any]) -> tuple[Any, Any, str, str | None, list[Any]]
         handler = load_handler(handler_path)
         queues = queues or ("default",)
         first_queue = queues[0]
-    params["queues"] = queues
     for queue_name in queues:
         validate_queue(queue_name)  # before --migrate writes anything
     periodic = _periodic_specs(
@@ -275,7 +285,7 @@ def _load(params: dict[str, Any]) -> tuple[Any, Any, str, str | None, list[Any]]
         params["catch_up"],
         params["periodic_grace"],
     )
-    return app, handler, schema, dsn, periodic
+    return _Loaded(app, handler, schema, dsn, queues, periodic)
 
 
 def _prepared(params: dict[str, Any]) -> dict[str, Any]:
@@ -290,15 +300,15 @@ def _prepared(params: dict[str, Any]) -> dict[str, Any]:
             "--metrics-port serves one process: with --processes, run a worker "
             "command per process (each with its own port) instead"
         )
-    _, _, schema, dsn, _ = _load(params)
-    with _queue(dsn, schema, min_size=1, max_size=1, pooler=params["pooler"]) as q:
+    loaded = _load(params)
+    with _queue(loaded.dsn, loaded.schema, min_size=1, max_size=1, pooler=params["pooler"]) as q:
         if params["do_migrate"]:
             q.migrate()
         resolved = q.settings.dsn
     return {
         **params,
         "dsn": resolved,
-        "schema": schema,
+        "schema": loaded.schema,
         "schema_given": True,
         "do_migrate": False,
     }
@@ -310,9 +320,7 @@ def child_main() -> None:
     password."""
     import json
 
-    params = json.loads(sys.stdin.buffer.read())
-    params["queues"] = tuple(params["queues"])
-    params["periodic_specs"] = tuple(params["periodic_specs"])
+    params = json.loads(sys.stdin.buffer.read())  # lists where click gave tuples: _load
     _setup_logging(params["verbose"], params["log_format"])
     sys.exit(run_worker(**params))
 
@@ -323,8 +331,7 @@ def run_worker(**params: Any) -> int:
 
     from .._worker import Worker
 
-    app, handler, schema, dsn, periodic = _load(params)
-    queues: tuple[str, ...] = params["queues"]
+    app, handler, schema, dsn, queues, periodic = _load(params)
     metrics_port = params["metrics_port"]
     q = _queue(dsn, schema, min_size=1, max_size=1, pooler=params["pooler"])
     metrics = None
