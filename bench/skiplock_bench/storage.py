@@ -169,16 +169,37 @@ class WorkerProc:
 # -- server-side figures ----------------------------------------------------------------
 
 
+# The leaf partitions of jobs (the table itself before migration 0009 partitioned it).
+_LEAVES = sql.SQL("SELECT relid FROM pg_partition_tree(%s::regclass) WHERE isleaf")
+
+
+def dead_tuples(conn: psycopg.Connection[Any], schema: str) -> int:
+    """n_dead_tup summed over the partitions of jobs (cheap: from the statistics)."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT coalesce(sum(s.n_dead_tup), 0) FROM pg_stat_user_tables AS s "
+            "WHERE s.relid IN ({})"
+        ).format(_LEAVES),
+        (f'"{schema}".jobs',),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def storage_state(dsn: str, schema: str) -> dict[str, Any]:
-    """Dead tuples and index shape of the schema's jobs table."""
+    """Dead tuples and index shape of the schema's jobs table, summed over its partitions
+    (from migration 0009 on, jobs is partitioned)."""
     out: dict[str, Any] = {}
+    jobs = f'"{schema}".jobs'
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, autovacuum_count, "
-            "vacuum_count FROM pg_stat_user_tables WHERE schemaname = %s AND relname = 'jobs'",
-            (schema,),
+            sql.SQL(
+                "SELECT sum(n_live_tup), sum(n_dead_tup), sum(n_tup_upd), sum(n_tup_hot_upd), "
+                "sum(autovacuum_count), sum(vacuum_count), count(*) "
+                "FROM pg_stat_user_tables WHERE relid IN ({})"
+            ).format(_LEAVES),
+            (jobs,),
         ).fetchone()
-        if row:
+        if row and row[0] is not None:
             keys = (
                 "n_live_tup",
                 "n_dead_tup",
@@ -186,31 +207,46 @@ def storage_state(dsn: str, schema: str) -> dict[str, Any]:
                 "n_tup_hot_upd",
                 "autovacuums",
                 "vacuums",
+                "partitions",
             )
             out.update(dict(zip(keys, (int(x) for x in row), strict=True)))
-        out["table_mb"] = _mb(conn, f'"{schema}".jobs')
+        r2 = conn.execute(
+            sql.SQL("SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM ({}) AS t").format(
+                _LEAVES
+            ),
+            (jobs,),
+        ).fetchone()
+        out["table_mb"] = int(r2[0]) / 1048576.0 if r2 else float("nan")
         try:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
             r = conn.execute(
-                "SELECT tuple_count, dead_tuple_count FROM pgstattuple(%s::regclass)",
-                (f'"{schema}".jobs',),
+                sql.SQL(
+                    "SELECT sum((p).tuple_count), sum((p).dead_tuple_count) FROM "
+                    "(SELECT pgstattuple(relid) AS p FROM ({}) AS t) AS x"
+                ).format(_LEAVES),
+                (jobs,),
             ).fetchone()
-            if r:
+            if r and r[0] is not None:
                 out["pgstattuple_live"], out["pgstattuple_dead"] = int(r[0]), int(r[1])
             idx: dict[str, Any] = {}
-            for (name,) in conn.execute(
-                "SELECT indexrelname FROM pg_stat_user_indexes WHERE schemaname = %s "
-                "AND relname = 'jobs' ORDER BY 1",
-                (schema,),
+            # Each partition's index, under the name of the partitioned index it belongs
+            # to (its root); summed.
+            for name, mb, leaf_pages, density in conn.execute(
+                sql.SQL(
+                    "SELECT coalesce(pr.relname, c.relname), "
+                    "  sum(pg_relation_size(i.indexrelid)) / 1048576.0, "
+                    "  sum((pgstatindex(i.indexrelid)).leaf_pages), "
+                    "  avg((pgstatindex(i.indexrelid)).avg_leaf_density) "
+                    "FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid "
+                    "LEFT JOIN pg_class AS pr ON pr.oid = pg_partition_root(i.indexrelid) "
+                    "WHERE i.indrelid IN ({}) GROUP BY 1 ORDER BY 1"
+                ).format(_LEAVES),
+                (jobs,),
             ).fetchall():
-                reg = f'"{schema}".{name}'
-                s = conn.execute(
-                    "SELECT avg_leaf_density, leaf_pages FROM pgstatindex(%s::regclass)", (reg,)
-                ).fetchone()
                 idx[name] = {
-                    "mb": _mb(conn, reg),
-                    "leaf_density": float(s[0]) if s and s[0] == s[0] else None,
-                    "leaf_pages": int(s[1]) if s else None,
+                    "mb": float(mb),
+                    "leaf_density": float(density) if density == density else None,
+                    "leaf_pages": int(leaf_pages) if leaf_pages is not None else None,
                 }
             out["indexes"] = idx
         except psycopg.Error as exc:
@@ -348,6 +384,7 @@ def flow(
     has_pss = statements_reset(dsn)
     holder = hold_xmin(dsn) if hold else None
     q = lib_skiplock._queue(dsn, schema)
+    stat_conn = psycopg.connect(dsn, autocommit=True)
     out: dict[str, Any] = {"tag": tag, "rate": rate, "seconds": seconds, "hold": hold}
     samples: list[dict[str, float]] = []
     try:
@@ -379,11 +416,13 @@ def flow(
                         "enqueued": n,
                         "claim_p99_ms": percentile(lat, 99) if lat else float("nan"),
                         "rss_mb": w.rss_mb(),
+                        "dead": dead_tuples(stat_conn, schema),
                     }
                 )
                 log(
                     f"  [{tag}] t={now - t0:,.0f}s enqueued {n:,} done {w.done() - done0:,} "
-                    f"claim p99 {samples[-1]['claim_p99_ms']:.2f} ms rss {w.rss_mb():.1f} MB"
+                    f"claim p99 {samples[-1]['claim_p99_ms']:.2f} ms rss {w.rss_mb():.1f} MB "
+                    f"dead {samples[-1]['dead']:,}"
                 )
                 next_sample += window
             time.sleep(max(0.0, t0 + (n / rate if rate else 0) + tick - time.monotonic()))
@@ -447,6 +486,7 @@ def flow(
         if holder is not None:
             holder.rollback()
             holder.close()
+        stat_conn.close()
         q.close()
         w.stop()
     st = out.get("storage", {})

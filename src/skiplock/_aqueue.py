@@ -34,6 +34,7 @@ from ._base import (
     give_up,
     idle_connection_suspect,
     reconnect_delay,
+    stale_plan,
     translate_error,
     unavailable,
 )
@@ -302,7 +303,8 @@ class AsyncQueue(QueueBase):
 
     @asynccontextmanager
     async def _writable(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled connection for a write, closed if the server refuses writes.
+        """A pooled connection for a write, closed if the server refuses writes (or a
+        prepared statement, after a migration).
 
         A demoted primary or a read-only server answers ReadOnlySqlTransaction.  The
         connection is closed (the pool makes a new one) so that, with a multi-host DSN
@@ -314,6 +316,13 @@ class AsyncQueue(QueueBase):
                 yield c
             except pgerrors.ReadOnlySqlTransaction:
                 await c.close()
+                raise
+            except pgerrors.FeatureNotSupported as exc:
+                # A migration added a column while this connection held a prepared
+                # statement that returns the whole row: PostgreSQL refuses it for good.
+                # A new connection prepares it anew; give_up retries on one.
+                if stale_plan(exc):
+                    await c.close()
                 raise
 
     async def _execute(
@@ -590,15 +599,39 @@ class AsyncQueue(QueueBase):
     async def prune(
         self, *, older_than: float = 7 * 86400.0, limit: int = 1000, max_batches: int | None = None
     ) -> int:
-        """Delete finished jobs older than ``older_than`` seconds, ``limit`` rows at a time."""
-        total, batches = 0, 0
-        while max_batches is None or batches < max_batches:
-            n = int(await self._execute(self._prune_op(older_than, limit), what="prune"))
-            total += n
-            batches += 1
-            if n < limit:
+        """Drop the days of finished jobs whose every job is older than ``older_than``
+        seconds, with their idempotency keys; returns how many jobs went.
+
+        Retention drops whole partitions (migration 0009), so a finished job is kept
+        for ``older_than`` and at most a day more, and no row is deleted one by one.
+        ``limit`` and ``max_batches`` are accepted for the callers of the row-by-row
+        retention this replaced; they no longer change anything.
+        """
+        del limit, max_batches
+        return int(await self._execute(self._prune_op(older_than, 0), what="prune"))
+
+    async def upkeep(self, *, max_steps: int = 50) -> dict[str, int]:
+        """Rotate the generations of ``jobs`` and empty the ones no longer current.
+
+        Each step is one short transaction (``upkeep()`` in migration 0009): a rotation,
+        a batch of finished or delayed jobs moved out of an old generation, or the
+        truncation of an old generation found empty.  Steps run until there is nothing
+        to do, another session holds the upkeep, a truncation would wait for a lock, or
+        ``max_steps``.  Workers call this at each sweep.  Returns the steps taken by
+        kind, and ``jobs_moved``.
+        """
+        done: dict[str, int] = {}
+        for _ in range(max_steps):
+            rows = await self._execute(self._upkeep_op(), what="upkeep")
+            if not rows:
                 break
-        return total
+            action = str(rows[0]["action"])
+            done[action] = done.get(action, 0) + 1
+            if action == "moved":
+                done["jobs_moved"] = done.get("jobs_moved", 0) + int(rows[0]["jobs"])
+            if action == "busy":
+                break
+        return done
 
     async def get(self, job_id: int) -> Job | None:
         """The job's current row, or None."""

@@ -417,6 +417,10 @@ class AsyncWorker(WorkerBase):
         self.swept(n, window, start)
         if n:
             self._wake.set()
+        try:
+            await self._q.upkeep()
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("upkeep", exc)
 
     async def _prune(self) -> None:
         assert self._q is not None and self.retention is not None

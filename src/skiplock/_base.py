@@ -182,6 +182,15 @@ def _chained(new: BaseException, cause: BaseException | None) -> BaseException:
     return new
 
 
+def stale_plan(exc: BaseException) -> bool:
+    """A prepared statement that returns a whole row, refused since a migration added
+    a column ("cached plan must not change result type"): it never runs again on that
+    connection, and nothing of it ran."""
+    return isinstance(exc, pgerrors.FeatureNotSupported) and (
+        "cached plan must not change result type" in str(exc)
+    )
+
+
 def give_up(
     exc: Exception,
     *,
@@ -215,6 +224,8 @@ def give_up(
                     exc,
                 )
             return None
+        if stale_plan(exc) and attempt <= settings.op_retries:
+            return None  # refused before it ran; _writable dropped the connection
         if not is_connection_error(exc):
             return exc
         if sent and not idempotent:
@@ -235,6 +246,16 @@ class QueueBase:
 
     settings: QueueSettings
     _stmts: Statements
+
+    # The generations of jobs (migration 0009, docs/architecture.md): the current one
+    # rotates once it took ROTATE_ROWS ids and is ROTATE_AFTER seconds old, or took any
+    # and is ROTATE_IDLE seconds old.  ROTATE_ROWS bounds what a held xmin can leave
+    # behind: the dead tuples of a generation come from its own jobs only.  Upkeep moves
+    # UPKEEP_BATCH jobs a step.
+    ROTATE_ROWS = 10_000
+    ROTATE_AFTER = 5.0
+    ROTATE_IDLE = 3600.0
+    UPKEEP_BATCH = 2_000
 
     def _configure(
         self,
@@ -466,6 +487,15 @@ class QueueBase:
     def _prune_op(self, older_than: float, limit: int) -> MakeOp:
         params = {"older_than": float(older_than), "limit": int(limit)}
         return lambda _after: _count_rows(self._stmts.prune, params)
+
+    def _upkeep_op(self) -> MakeOp:
+        params = {
+            "rotate_rows": self.ROTATE_ROWS,
+            "rotate_after": self.ROTATE_AFTER,
+            "rotate_idle": self.ROTATE_IDLE,
+            "batch": self.UPKEEP_BATCH,
+        }
+        return lambda _after: _single(self._stmts.upkeep, params)
 
     def _status_op(self, attempts_alert: int) -> MakeOp:
         return lambda _after: _single(self._stmts.status, {"attempts_alert": attempts_alert})

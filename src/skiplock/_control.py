@@ -99,14 +99,26 @@ def encode_result(value: Any, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> Enco
     return Encoded(text)
 
 
+# Upkeep moves a delayed or finished job to another partition by deleting it and
+# inserting it there in one statement (migration 0009).  A write by id whose snapshot
+# predates that move finds the old version deleted and matches nothing; the same write
+# in a new statement finds the job in its new place.  So a write that matched nothing,
+# on a job whose state says it should have, is run again (a move is rare, and one
+# retry almost always suffices; three bound the loop).
+MOVE_RETRIES = 3
+
+
 def cancel(stmts: Statements, job_id: int) -> Op[str]:
     """Cancel a pending job, or ask a running one to stop; returns the job's status."""
-    rows = yield Execute(stmts.cancel, {"id": job_id})
-    if rows:
-        return str(rows[0]["status"])
-    rows = yield Execute(stmts.job_state, {"id": job_id})
-    if not rows:
-        raise UnknownJob(job_id)
+    for _ in range(MOVE_RETRIES):
+        rows = yield Execute(stmts.cancel, {"id": job_id})
+        if rows:
+            return str(rows[0]["status"])
+        rows = yield Execute(stmts.job_state, {"id": job_id})
+        if not rows:
+            raise UnknownJob(job_id)
+        if rows[0]["status"] not in ("pending", "running"):
+            break
     raise JobStateError(
         f"job {job_id} is already {rows[0]['status']}; only pending or running jobs "
         "can be cancelled"
@@ -190,10 +202,11 @@ def queue_configs(stmts: Statements) -> Op[list[QueueConfig]]:
 
 def watch(stmts: Statements, job_id: int, register: bool) -> Op[dict[str, Any]]:
     """The job's state; with ``register``, also ask its final write to notify."""
-    rows = yield Execute(stmts.watch if register else stmts.job_state, {"id": job_id})
-    if not rows:
-        raise UnknownJob(job_id)
-    return rows[0]
+    for _ in range(MOVE_RETRIES):
+        rows = yield Execute(stmts.watch if register else stmts.job_state, {"id": job_id})
+        if rows:
+            return rows[0]
+    raise UnknownJob(job_id)
 
 
 def settle(row: Mapping[str, Any]) -> tuple[bool, Any]:
@@ -210,12 +223,15 @@ def settle(row: Mapping[str, Any]) -> tuple[bool, Any]:
 
 def requeue(stmts: Statements, job_id: int) -> Op[None]:
     """Make a finished job pending again (an operator's retry)."""
-    rows = yield Execute(stmts.requeue, {"id": job_id})
-    if rows:
-        return
-    rows = yield Execute(stmts.job_state, {"id": job_id})
-    if not rows:
-        raise UnknownJob(job_id)
+    for _ in range(MOVE_RETRIES):
+        rows = yield Execute(stmts.requeue, {"id": job_id, "schema": stmts.schema})
+        if rows:
+            return
+        rows = yield Execute(stmts.job_state, {"id": job_id})
+        if not rows:
+            raise UnknownJob(job_id)
+        if rows[0]["status"] not in ("done", "failed", "cancelled"):
+            break
     raise JobStateError(
         f"job {job_id} is {rows[0]['status']}; only done, failed or cancelled jobs can be "
         "retried (cancel a running job first)"
@@ -224,10 +240,13 @@ def requeue(stmts: Statements, job_id: int) -> Op[None]:
 
 def delete(stmts: Statements, job_id: int) -> Op[None]:
     """Delete a job that is not running."""
-    rows = yield Execute(stmts.delete_job, {"id": job_id})
-    if rows:
-        return
-    rows = yield Execute(stmts.job_state, {"id": job_id})
-    if not rows:
-        raise UnknownJob(job_id)
+    for _ in range(MOVE_RETRIES):
+        rows = yield Execute(stmts.delete_job, {"id": job_id})
+        if rows:
+            return
+        rows = yield Execute(stmts.job_state, {"id": job_id})
+        if not rows:
+            raise UnknownJob(job_id)
+        if rows[0]["status"] == "running":
+            break
     raise JobStateError(f"job {job_id} is running; cancel it before deleting it")

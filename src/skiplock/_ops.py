@@ -113,10 +113,14 @@ def enqueue(
         "idempotency_key": key,
         "task": task,
         "meta": meta,
+        "schema": stmts.schema,
     }
-    # The unique index decides; the lookup runs as a new statement so that under READ
-    # COMMITTED it sees the row whose commit made our insert conflict.  A row pruned in
-    # between makes the insert succeed on the next round.
+    if key is None:
+        rows = yield Execute(stmts.enqueue_plain, params)
+        return int(rows[0]["id"])
+    # The key's row decides; the lookup runs as a new statement so that under READ
+    # COMMITTED it sees the row whose commit made our insert conflict.  A key dropped
+    # with its job in between makes the insert succeed on the next round.
     for _ in range(3):
         rows = yield Execute(stmts.enqueue, params)
         if rows:
@@ -203,7 +207,7 @@ def enqueue_many(
                 },
             )
         except pgerrors.UniqueViolation as exc:
-            if exc.diag.constraint_name != "jobs_pkey":
+            if not _is_id_collision(exc):
                 raise
             present = yield from _taken(stmts, ids, queue, retry)
             if present:
@@ -262,7 +266,7 @@ def enqueue_one(
         try:
             rows = yield Execute(stmts.enqueue_one, params)
         except pgerrors.UniqueViolation as exc:
-            if exc.diag.constraint_name != "jobs_pkey":
+            if not _is_id_collision(exc):
                 raise
             if (yield from _taken(stmts, reserved.ids, queue, retry)):
                 return job_id
@@ -274,6 +278,13 @@ def enqueue_one(
 
 
 SPARE_MAX_AGE = 1.0
+
+
+def _is_id_collision(exc: pgerrors.UniqueViolation) -> bool:
+    """A duplicate job id: the primary key of jobs, reported by the partition's index
+    (``jobs_g2_pkey``, say) since migration 0009."""
+    name = exc.diag.constraint_name or ""
+    return name.startswith("jobs_") and name.endswith("pkey")
 
 
 def _fresh_spare(spares: list[tuple[int, float]]) -> int | None:

@@ -71,7 +71,9 @@ class Migration:
 
     def render(self, schema: str) -> sql.Composed:
         return sql.SQL(self.text).format(
-            schema=sql.Identifier(schema), channel=sql.Literal(channel_name(schema))
+            schema=sql.Identifier(schema),
+            channel=sql.Literal(channel_name(schema)),
+            schema_name=sql.Literal(schema),
         )
 
 

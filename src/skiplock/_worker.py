@@ -415,6 +415,10 @@ class Worker(WorkerBase):
         self.swept(n, window, start)
         if n:
             self._wake.set()
+        try:
+            self._q.upkeep()
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("upkeep", exc)
 
     def _prune(self) -> None:
         assert self._q is not None and self.retention is not None

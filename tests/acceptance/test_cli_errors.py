@@ -228,7 +228,7 @@ def worker_role(dsn: str, queue: Queue, admin: psycopg.Connection[Any]) -> Itera
     [
         # An unkeyed enqueue first reserves its id (retry safety): the sequence refuses.
         (["enqueue", "{}"], "permission denied for sequence jobs_id_seq"),
-        (["prune", "--older-than", "0"], "permission denied for table jobs"),
+        (["prune", "--older-than", "0"], "permission denied for function drop_finished"),
         (["migrate"], "--no-migrate"),
         (["worker", "--handler", "os:getcwd"], "--no-migrate"),
         (["roles"], "cannot set up roles"),

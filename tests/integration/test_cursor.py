@@ -63,7 +63,7 @@ def _picked_buffers(dsn: str, schema: str, start: Any) -> int:
         conn.rollback()
     lines = [str(r[0]) for r in rows]
     for k, line in enumerate(lines):
-        if "Index Scan using jobs_claimable_idx" in line:
+        if "Index Scan using jobs_g2_claimable_idx" in line:  # the current generation
             for below in lines[k + 1 :]:
                 m = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", below)
                 if m:

@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import dict_row
 
 import skiplock._migrate as mod
 from skiplock import AsyncQueue, AsyncWorker, Job, Queue, Worker
@@ -101,14 +102,26 @@ def test_0008_touches_no_job_and_a_version_7_worker_is_still_woken(
     s = sql.Identifier(schema)
     with Queue(dsn, schema=schema, max_size=2) as q:
         q.enqueue_many([{"n": n} for n in range(5)], queue="a")
-        job = q.claim(worker="w7", queue="a", limit=2, lease=300)
+        # A version-7 worker's claim (today's claim needs migration 0009's `part`).
+        job = [
+            Job.from_row(r)
+            for r in admin.cursor(row_factory=dict_row).execute(
+                sql.SQL(
+                    "UPDATE {}.jobs SET status = 'running', worker = 'w7', attempts = 1,"
+                    " started_at = now(), locked_until = now() + interval '300 s',"
+                    " lease_token = gen_random_uuid()"
+                    " WHERE id IN (SELECT min(id) + k FROM {}.jobs, generate_series(0, 1) AS k"
+                    " GROUP BY k) RETURNING *"
+                ).format(s, s)
+            )
+        ]
         # A version-7 worker's row, as its worker_seen writes it (no `waiting`).
         admin.execute(
             sql.SQL("INSERT INTO {}.workers (name, queues) VALUES ('w7', '{{a}}')").format(s)
         )
         cols = sql.SQL("SELECT * FROM {}.jobs ORDER BY id").format(s)
         before = admin.execute(cols).fetchall()
-        monkeypatch.setattr(mod, "migrations", lambda: real)
+        monkeypatch.setattr(mod, "migrations", lambda: tuple(m for m in real if m.version < 9))
         assert run_op(admin, migrate_op(schema)) == [8]
         assert admin.execute(cols).fetchall() == before
         assert admin.execute(
@@ -118,7 +131,9 @@ def test_0008_touches_no_job_and_a_version_7_worker_is_still_woken(
             listener.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(schema))))
             q.enqueue({}, queue="a")
             assert notes(admin, listener, schema) == ["a"]
-        # The old worker's lease tokens still fence.
+        # The old worker's lease tokens still fence, through 0009 too.
+        monkeypatch.setattr(mod, "migrations", lambda: real)
+        assert run_op(admin, migrate_op(schema)) == [9]
         assert q.complete_many([(j, None) for j in job]).lost == []
 
 

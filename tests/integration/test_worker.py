@@ -14,6 +14,7 @@ import pytest
 from psycopg import sql
 
 from skiplock import Fail, Job, Queue, Retry, Worker
+from skiplock._base import QueueBase
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
@@ -341,12 +342,34 @@ def test_on_event_hook_sees_the_life_of_each_job(queue: Queue) -> None:
     assert [e for e, i in events if i == bad] == ["claimed", "started", "failed"]
 
 
-def test_worker_retention_prunes_finished_jobs(queue: Queue) -> None:
+def test_worker_retention_drops_days_of_finished_jobs(
+    queue: Queue, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention drops whole days (migration 0009): the jobs, once their generation has
+    rotated and upkeep has moved them to their day, go with it when the day is older than
+    the retention; the jobs of a younger day stay."""
+    monkeypatch.setattr(QueueBase, "ROTATE_ROWS", 1)  # rotate at every sweep
+    monkeypatch.setattr(QueueBase, "ROTATE_AFTER", 0.0)
     queue.enqueue_many([{}] * 30)
-    w = Worker(queue, lambda job: None, concurrency=4, retention=0.0, prune_interval=0.05)
+    with running(Worker(queue, lambda job: None, concurrency=4)):
+        wait_until(lambda: counts(queue) == {"done": 30}, what="drain")
+    s = sql.Identifier(queue.schema)
+    admin.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET finished_at = finished_at - interval '3 days' WHERE id IN "
+            "(SELECT id FROM {}.jobs ORDER BY id LIMIT 20)"
+        ).format(s, s)
+    )
+    w = Worker(queue, lambda job: None, retention=86400.0, prune_interval=0.05, sweep_interval=0.05)
     with running(w):
-        wait_until(lambda: counts(queue) == {}, what="finished jobs pruned")
-    assert w.stats.completed == 30
+        wait_until(lambda: counts(queue) == {"done": 10}, what="the old day dropped")
+    days = admin.execute(
+        sql.SQL(
+            "SELECT c.relname FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = {}::regclass AND c.relname LIKE 'jobs_d%%'"
+        ).format(sql.Literal(f'"{queue.schema}".jobs'))
+    ).fetchall()
+    assert len(days) == 1  # today's, holding the ten
 
 
 def test_claims_stay_within_capacity_while_the_writer_lags(queue: Queue) -> None:

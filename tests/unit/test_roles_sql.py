@@ -20,6 +20,7 @@ from skiplock._sql import statements
 # Who runs each named statement of queries.sql.  A new statement must be placed here.
 PRODUCER = {
     "enqueue",
+    "enqueue_plain",
     "enqueue_rows",
     "find_by_keys",
     "enqueued_ids",
@@ -51,6 +52,8 @@ WORKER = {
     # the liveness mark, and the sweep of workers whose mark is gone
     "worker_mark",
     "sweep_dead",
+    # the generations' upkeep (migration 0009), a SECURITY DEFINER function
+    "upkeep",
 }
 # Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
 OWNER = {
@@ -172,7 +175,7 @@ def test_producer_select_grant_is_exactly_what_enqueue_reads() -> None:
             read |= {
                 n.fields[-1].sval for n in walk(_returning(stmt)) if isinstance(n, ast.ColumnRef)
             }
-        elif isinstance(stmt, ast.SelectStmt) and name in ("find_by_keys", "job_state"):
+        elif isinstance(stmt, ast.SelectStmt) and name == "job_state":
             read |= {
                 n.fields[-1].sval
                 for n in walk(stmt)
@@ -180,6 +183,15 @@ def test_producer_select_grant_is_exactly_what_enqueue_reads() -> None:
             }
     assert grants()[("producer", "select")] == read
     assert "payload" not in read
+
+
+def test_producer_reads_and_writes_keys_and_nothing_else_does() -> None:
+    """Dedup lives in job_keys (migration 0009): the producer inserts a key and reads
+    the job a repeated key names; a worker never touches it."""
+    assert {r.relname for r in walk(parsed("find_by_keys")) if isinstance(r, ast.RangeVar)} == {
+        "job_keys"
+    }
+    assert grants("job_keys") == {("producer", "select"): {"*"}, ("producer", "insert"): {"*"}}
 
 
 @pytest.mark.parametrize("schema", ["skiplock", "Mixed_Case"])

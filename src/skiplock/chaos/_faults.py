@@ -524,10 +524,13 @@ class LongTransaction:
 
 
 def dead_tuples(ctx: FaultContext) -> tuple[int, int]:
-    """(n_dead_tup, n_live_tup) of the run's jobs table, from pg_stat_user_tables."""
+    """(n_dead_tup, n_live_tup) of the run's jobs table, from pg_stat_user_tables,
+    summed over its partitions (migration 0009)."""
     rows = ctx.query(
-        "SELECT coalesce(n_dead_tup, 0), coalesce(n_live_tup, 0) FROM pg_stat_user_tables "
-        "WHERE schemaname = %s AND relname = 'jobs'",
+        "SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_live_tup), 0) "
+        "FROM pg_stat_user_tables WHERE relid IN "
+        "(SELECT relid FROM pg_partition_tree(format('%%I.jobs', %s::text)::regclass) "
+        "WHERE isleaf)",
         (ctx.schema,),
     )
     return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)

@@ -44,9 +44,10 @@ WITH cfg AS MATERIALIZED (
     WHERE q.name = %(queue)s
 ),
 picked AS MATERIALIZED (
-    SELECT id, ctid
+    SELECT id, ctid, part
     FROM {schema}.jobs
     WHERE status = 'pending'
+      AND part < 1000000  -- the generations: no day holds a pending job
       AND queue = %(queue)s
       AND run_at <= now()
       AND (priority, run_at, id) >= (coalesce(%(from_priority)s::integer, -2147483648),
@@ -70,6 +71,8 @@ claimed AS (
     FROM picked
     WHERE j.ctid = picked.ctid  -- the version locked above: a TID scan
       AND j.id = picked.id
+      AND j.part = picked.part  -- a ctid is unique only within its partition
+      AND j.part < 1000000
       AND j.status = 'pending'
     RETURNING j.*
 )
@@ -115,9 +118,10 @@ allowed AS MATERIALIZED (
     FROM cfg
 ),
 picked AS MATERIALIZED (
-    SELECT id, ctid
+    SELECT id, ctid, part
     FROM {schema}.jobs
     WHERE status = 'pending'
+      AND part < 1000000  -- the generations: no day holds a pending job
       AND queue = %(queue)s
       AND run_at <= now()
       AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
@@ -137,6 +141,8 @@ claimed AS (
     FROM picked
     WHERE j.ctid = picked.ctid  -- the version locked above: a TID scan
       AND j.id = picked.id
+      AND j.part = picked.part  -- a ctid is unique only within its partition
+      AND j.part < 1000000
       AND j.status = 'pending'
     RETURNING j.*
 ),
@@ -168,6 +174,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[])
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
+  AND j.part < 1000000  -- running jobs are in generations only
 RETURNING j.id, j.lease_token, j.status,
           CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
               AS notified;
@@ -195,6 +202,7 @@ WITH handed AS (
     WHERE j.id = f.id
       AND j.lease_token = f.token
       AND j.status = 'running'
+      AND j.part < 1000000  -- running jobs are in generations only
     RETURNING j.id, j.lease_token, j.status, j.notify_finish
 )
 SELECT id, lease_token, status,
@@ -211,6 +219,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
+  AND j.part < 1000000  -- running jobs are in generations only
 RETURNING j.id, j.lease_token, j.locked_until, j.cancel_requested;
 
 -- name: release
@@ -228,6 +237,7 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
+  AND j.part < 1000000  -- running jobs are in generations only
 RETURNING j.id, j.lease_token;
 
 -- name: fence_outcome
@@ -256,9 +266,10 @@ JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 -- the worker looks back to a little before it, and all the way now and then
 -- (_cursor.SweepCursor).
 WITH expired AS MATERIALIZED (
-    SELECT id, ctid
+    SELECT id, ctid, part
     FROM {schema}.jobs
     WHERE status = 'running'
+      AND part < 1000000
       AND locked_until < now()
       AND locked_until >= coalesce(now() - make_interval(secs => %(window)s::float8),
                                    '-infinity')
@@ -277,38 +288,68 @@ SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
 FROM expired
 WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
   AND j.id = expired.id
+  AND j.part = expired.part
+  AND j.part < 1000000
   AND j.status = 'running'
   AND j.locked_until < now()
 RETURNING j.id, j.status;
 
 -- name: enqueue
--- The unique index on (queue, idempotency_key) decides dedup; ON CONFLICT returns no
--- row for a duplicate and the caller looks the existing id up in a new statement.
-INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, idempotency_key,
+-- With an idempotency key.  The primary key of job_keys decides dedup (migration 0009:
+-- a unique index on the partitioned jobs could not span its partitions): the key's row
+-- goes in first, taking the job's id, and the job only if the key did.  A duplicate
+-- returns no row and the caller looks the existing id up in a new statement.
+WITH k AS (
+    INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
+    VALUES (%(queue)s, %(idempotency_key)s,
+            nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')))
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+)
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
                            task, meta)
+SELECT k.job_id, %(queue)s, %(payload)s::jsonb, %(priority)s,
+       coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(idempotency_key)s,
+       %(task)s, %(meta)s::jsonb
+FROM k
+RETURNING id;
+
+-- name: enqueue_plain
+-- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
+INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
-        %(max_attempts)s, %(idempotency_key)s, %(task)s, %(meta)s::jsonb)
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+        %(max_attempts)s, %(task)s, %(meta)s::jsonb)
 RETURNING id;
 
 -- name: enqueue_rows
 -- The keyed path of enqueue_many: same dedup as `enqueue`, for many rows at once.  Ids
 -- come from `reserve_ids`, so the caller can tell which of its rows were inserted; a
 -- key repeated inside one batch conflicts with its first row and is skipped.
+WITH r AS MATERIALIZED (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[],
+                %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
+                %(keys)s::text[])
+         AS r(id, queue, payload, priority, run_at, max_attempts, key)
+),
+k AS (
+    INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
+    SELECT r.queue, r.key, r.id FROM r WHERE r.key IS NOT NULL ORDER BY r.id
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+)
 INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
                            task, meta)
 SELECT r.id, r.queue, r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts, r.key,
        %(task)s, %(meta)s::jsonb
-FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::int[],
-            %(run_ats)s::timestamptz[], %(max_attempts)s::int[], %(keys)s::text[])
-     AS r(id, queue, payload, priority, run_at, max_attempts, key)
+FROM r
+WHERE r.key IS NULL OR r.id IN (SELECT job_id FROM k)
 ORDER BY r.id
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: find_by_keys
-SELECT id, queue, idempotency_key
-FROM {schema}.jobs
+SELECT job_id AS id, queue, idempotency_key
+FROM {schema}.job_keys
 WHERE (queue, idempotency_key) IN (SELECT * FROM unnest(%(queues)s::text[], %(keys)s::text[]));
 
 -- name: reserve_ids
@@ -353,6 +394,7 @@ WITH asked AS (
         cancel_requested = true
     WHERE id = %(id)s
       AND status IN ('pending', 'running')
+      AND part < 1000000
     RETURNING id, status, notify_finish
 )
 SELECT id, status,
@@ -361,23 +403,11 @@ SELECT id, status,
 FROM asked;
 
 -- name: prune
--- Retention in small batches: short transactions, no long locks, little WAL at once.
-WITH doomed AS MATERIALIZED (
-    SELECT id
-    FROM {schema}.jobs
-    WHERE status IN ('done', 'failed', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(older_than)s)
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-gone AS (
-    DELETE FROM {schema}.jobs AS j
-    USING doomed
-    WHERE j.id = doomed.id
-    RETURNING 1
-)
-SELECT count(*) AS n FROM gone;
+-- Retention drops whole days of finished jobs (migration 0009, `drop_finished`), with
+-- their idempotency keys: no row DELETE, nothing left for a vacuum.  A day goes once
+-- its last job is older than `older_than`; jobs finished since their generation last
+-- rotated are still in it and go with their day later.
+SELECT coalesce(sum(jobs), 0)::bigint AS n FROM {schema}.drop_finished(%(older_than)s);
 
 -- name: status
 -- extract() returns numeric (a Decimal in Python, a string in JSON): float8 is a number
@@ -461,20 +491,32 @@ LIMIT %(limit)s;
 -- An operator's retry of a finished job: pending again at once with fresh attempts.
 -- Not for a running job (its lease holder would be overridden: cancel it first).  The
 -- completion counter is kept, so `verify` still sees a job that was done more than once.
+-- The job moves to the current generation (its day holds finished jobs only).
 UPDATE {schema}.jobs
 SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
     started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
-    result = NULL
+    result = NULL,
+    part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
 WHERE id = %(id)s
   AND status IN ('done', 'failed', 'cancelled')
 RETURNING id, status;
 
 -- name: delete_job
 -- Delete a job that is not running (a running one has a lease holder: cancel first).
-DELETE FROM {schema}.jobs
-WHERE id = %(id)s
-  AND status <> 'running'
-RETURNING id, status;
+-- Its idempotency key goes with it, as with retention.
+WITH gone AS (
+    DELETE FROM {schema}.jobs
+    WHERE id = %(id)s
+      AND status <> 'running'
+    RETURNING id, status, queue, idempotency_key
+),
+keys AS (
+    DELETE FROM {schema}.job_keys AS k
+    USING gone
+    WHERE k.queue = gone.queue AND k.idempotency_key = gone.idempotency_key
+      AND k.job_id = gone.id
+)
+SELECT id, status FROM gone;
 
 -- name: throughput
 -- Jobs finished per bucket of `bucket` seconds over the last `window` seconds, per queue
@@ -579,9 +621,10 @@ gone AS (
     DELETE FROM {schema}.workers WHERE name IN (SELECT name FROM dead)
 ),
 expired AS MATERIALIZED (
-    SELECT id, ctid
+    SELECT id, ctid, part
     FROM {schema}.jobs
     WHERE status = 'running'
+      AND part < 1000000
       AND locked_until IS NOT NULL
       AND worker IN (SELECT name FROM dead)
       AND EXISTS (SELECT FROM dead)
@@ -600,6 +643,8 @@ SET status       = CASE WHEN j.cancel_requested THEN 'cancelled'
 FROM expired
 WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
   AND j.id = expired.id
+  AND j.part = expired.part
+  AND j.part < 1000000
   AND j.status = 'running'
 RETURNING j.id, j.status;
 
@@ -620,3 +665,8 @@ WHERE j.status = 'pending'
                     AND (w.tasks IS NULL OR j.task = ANY(w.tasks)))
 GROUP BY j.queue, j.task
 ORDER BY j.queue, j.task;
+
+-- name: upkeep
+-- One step of the generations' upkeep (migration 0009): see `upkeep()` there.
+SELECT action, gen, jobs
+FROM {schema}.upkeep(%(rotate_rows)s, %(rotate_after)s, %(rotate_idle)s, %(batch)s);

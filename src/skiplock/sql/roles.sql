@@ -32,7 +32,7 @@ ALTER ROLE {role} PASSWORD {password};
 -- name: grant_producer
 -- Enqueue only.  INSERT on the columns enqueue, enqueue_many and its COPY write (not
 -- status, worker or lease_token: a producer cannot plant a running or finished job);
--- SELECT on the columns the idempotency-key lookup, RETURNING id and `wait` read (not
+-- SELECT on the columns RETURNING id, the lookup of reserved ids and `wait` read (not
 -- the payloads of other jobs); UPDATE of notify_finish, which is how `wait` asks a
 -- job's final write to notify it; USAGE on the id sequence for reserve_ids' nextval.  The
 -- enqueue-notification trigger runs its function as the inserting role, but EXECUTE on
@@ -41,11 +41,15 @@ ALTER ROLE {role} PASSWORD {password};
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key, task, meta)
     ON {schema}.jobs TO {role};
-GRANT SELECT (id, queue, idempotency_key, status, result, last_error, attempts,
-              max_attempts)
+GRANT SELECT (id, queue, status, result, last_error, attempts, max_attempts)
     ON {schema}.jobs TO {role};
 GRANT UPDATE (notify_finish) ON {schema}.jobs TO {role};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
+-- A new job goes to the current generation, which the default of `part` reads from
+-- jobs_gen; a keyed job's key goes in job_keys first (migration 0009), where the
+-- producer also finds the job a repeated key names.
+GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
+GRANT SELECT, INSERT ON {schema}.job_keys TO {role};
 -- The enqueue trigger reads which workers wait for a notification (migration 0008),
 -- as the inserting role: the queues and the flag, not the workers' names.
 GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};
@@ -68,6 +72,11 @@ GRANT SELECT ON {schema}.queues TO {role};
 GRANT UPDATE (rate_tokens, rate_refilled_at) ON {schema}.queues TO {role};
 -- Each worker records what it serves in `workers` (its own row: insert, refresh, delete).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workers TO {role};
+-- Upkeep of the generations (migration 0009) moves and truncates as the owner, through
+-- a SECURITY DEFINER function that keeps every job and takes no argument that could
+-- drop one; retention (drop_finished) stays the owner's.
+GRANT EXECUTE ON FUNCTION {schema}.upkeep(bigint, float8, float8, integer) TO {role};
+GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
 
 -- name: superusers
 -- Grants do not bind a superuser: refuse to call such a role least-privilege.

@@ -1,0 +1,434 @@
+"""Migration 0009: jobs in rotating generations, finished jobs by day.
+
+What these tests hold the design to (docs/architecture.md, "Storage, second round"):
+a held xmin leaves no garbage behind once a generation is truncated; rotations, moves
+and truncations during a busy drain lose nothing and hand no job out twice; a write by
+id that races a move finds the job in its new place; and the migration keeps every job
+of a populated 0008 schema, with an 0008 worker still running through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+import skiplock._migrate as mod
+from skiplock import Job, Queue
+from skiplock._base import QueueBase
+from skiplock._migrate import migrate_op
+from skiplock._queue import run_op
+from skiplock._sql import parse_named
+
+from .test_worker import wait_until
+
+
+def _sizes(admin: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    """{partition: bytes on disk} of jobs' partitions."""
+    rows = admin.execute(
+        "SELECT c.relname, pg_relation_size(c.oid) FROM pg_inherits AS i "
+        "JOIN pg_class AS c ON c.oid = i.inhrelid WHERE i.inhparent = %s::regclass",
+        (f'"{schema}".jobs',),
+    ).fetchall()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def _drain(q: Queue, n: int) -> None:
+    """Claim and complete ``n`` jobs, ten at a time."""
+    done = 0
+    while done < n:
+        jobs = q.claim(worker="w", limit=10)
+        assert jobs, f"only {done} of {n} jobs claimable"
+        assert q.complete_many([(j, None) for j in jobs]).lost == []
+        done += len(jobs)
+
+
+@pytest.fixture
+def rotate_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(QueueBase, "ROTATE_ROWS", 500)
+    monkeypatch.setattr(QueueBase, "ROTATE_AFTER", 0.0)
+
+
+@pytest.mark.usefixtures("rotate_often")
+def test_under_a_held_xmin_truncation_takes_the_garbage(
+    queue: Queue, admin: psycopg.Connection[Any], dsn: str
+) -> None:
+    holder = psycopg.connect(dsn)
+    try:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT txid_current()")
+        for _ in range(12):
+            queue.enqueue_many([{}] * 500)
+            _drain(queue, 500)
+            steps = queue.upkeep()
+            # The generation that took these jobs is retired, emptied and truncated in
+            # the same upkeep: its dead versions go although the snapshot forbids a
+            # vacuum to remove them.
+            assert steps.get("rotated") == 1 and steps.get("truncated") == 1, steps
+            gens = {k: v for k, v in _sizes(admin, queue.schema).items() if "_g" in k}
+            assert sum(gens.values()) == 0, gens
+        # The control: without upkeep, the same work leaves its garbage in place.
+        queue.enqueue_many([{}] * 500)
+        _drain(queue, 500)
+        one = sum(v for k, v in _sizes(admin, queue.schema).items() if "_g" in k)
+        for _ in range(3):
+            queue.enqueue_many([{}] * 500)
+            _drain(queue, 500)
+        four = sum(v for k, v in _sizes(admin, queue.schema).items() if "_g" in k)
+        assert four >= 3 * one > 0
+    finally:
+        holder.rollback()
+        holder.close()
+    days = {k: v for k, v in _sizes(admin, queue.schema).items() if "_d" in k}
+    assert len(days) == 1 and admin.execute(
+        sql.SQL("SELECT count(*), count(DISTINCT id) FROM {}.jobs WHERE status = 'done'").format(
+            sql.Identifier(queue.schema)
+        )
+    ).fetchone() == (8000, 8000)
+
+
+@pytest.mark.usefixtures("rotate_often")
+def test_nothing_lost_or_doubled_while_upkeep_rotates_moves_and_truncates(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    total, delayed = 6000, 300
+    later = queue.enqueue_many(
+        [{"later": i} for i in range(delayed)], run_at=datetime.now(UTC) + timedelta(hours=1)
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def produce() -> None:
+        for _ in range(total // 200):
+            queue.enqueue_many([{}] * 200)
+            time.sleep(0.005)
+
+    def work(name: str) -> None:
+        try:
+            while not stop.is_set():
+                jobs = queue.claim(worker=name, limit=10)
+                if not jobs:
+                    time.sleep(0.002)
+                    continue
+                assert queue.complete_many([(j, None) for j in jobs]).lost == []
+                with lock:
+                    claimed.extend(j.id for j in jobs)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def upkeep() -> None:
+        try:
+            while not stop.is_set():
+                queue.upkeep()
+                time.sleep(0.01)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(8)]
+    threads += [threading.Thread(target=upkeep), threading.Thread(target=produce)]
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(claimed) >= total or bool(errors), timeout=120, what="drain")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+    assert errors == []
+    assert len(claimed) == len(set(claimed)) == total  # each claimed exactly once
+    s = sql.Identifier(queue.schema)
+    assert admin.execute(
+        sql.SQL(
+            "SELECT count(*) FILTER (WHERE status = 'done' AND completions = 1), "
+            "count(*) FILTER (WHERE status = 'pending'), count(*), count(DISTINCT id) FROM {}.jobs"
+        ).format(s)
+    ).fetchone() == (total, delayed, total + delayed, total + delayed)
+    # The delayed jobs were moved out of the generations that retired, intact.
+    rows = admin.execute(
+        sql.SQL("SELECT id, part FROM {}.jobs WHERE status = 'pending' ORDER BY id").format(s)
+    ).fetchall()
+    assert [r[0] for r in rows] == later
+    current = admin.execute(sql.SQL("SELECT last_value FROM {}.jobs_gen").format(s)).fetchone()
+    assert current is not None and {r[1] for r in rows} <= {current[0]}
+    # Drained, every generation but the current one is truncated, and reused: the
+    # backlog of the burst took more of them than the steady state does.
+    for _ in range(3):
+        queue.upkeep()
+    gens = {k: v for k, v in _sizes(admin, queue.schema).items() if "_g" in k}
+    assert [k for k, v in gens.items() if v] == [f"jobs_g{current[0]}"], gens
+
+
+def _blocked_on(admin: psycopg.Connection[Any], app: str, pid: int) -> bool:
+    row = admin.execute(
+        "SELECT %s = ANY(pg_blocking_pids(pid)) FROM pg_stat_activity "
+        "WHERE application_name = %s AND state = 'active'",
+        (pid, app),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.usefixtures("rotate_often")
+@pytest.mark.parametrize("write", ["requeue", "delete", "wait"])
+def test_a_write_by_id_that_races_a_move_finds_the_job_moved(
+    dsn: str, queue: Queue, admin: psycopg.Connection[Any], write: str
+) -> None:
+    """The move commits while the write waits for the row: the write's statement then
+    finds the version it waited for deleted and matches nothing; skiplock runs it again,
+    and the new statement finds the job in its day.  Driven with pg_blocking_pids."""
+    job_id = queue.enqueue({})
+    _drain(queue, 1)
+    queue.ROTATE_ROWS = 1
+    assert queue.upkeep(max_steps=1) == {"rotated": 1}  # the move is left to the race
+    mover = psycopg.connect(dsn)
+    app = f"race-{queue.schema}"
+    done: list[Any] = []
+    with Queue(dsn, schema=queue.schema, application_name=app, max_size=1) as q2:
+        try:
+            # The move, uncommitted: it holds the row until we say.
+            mover.execute(
+                sql.SQL("SELECT * FROM {}.upkeep(500, 0, 3600, 100)").format(
+                    sql.Identifier(queue.schema)
+                )
+            )
+            pid = mover.info.backend_pid
+
+            def run() -> None:
+                try:
+                    if write == "requeue":
+                        q2.requeue(job_id)
+                    elif write == "delete":
+                        q2.delete(job_id)
+                    else:
+                        done.append(q2.wait(job_id, timeout=10))
+                    done.append("ok")
+                except BaseException as exc:
+                    done.append(exc)
+
+            t = threading.Thread(target=run)
+            t.start()
+            wait_until(lambda: _blocked_on(admin, app, pid), what="the write waits on the move")
+            mover.commit()
+            t.join(timeout=30)
+        finally:
+            mover.close()
+    assert done and done[-1] == "ok", done
+    row = admin.execute(
+        sql.SQL("SELECT status, part < 1000000 FROM {}.jobs WHERE id = %s").format(
+            sql.Identifier(queue.schema)
+        ),
+        (job_id,),
+    ).fetchone()
+    expect = {"requeue": ("pending", True), "delete": None, "wait": ("done", False)}
+    assert row == expect[write]
+
+
+# -- the migration ----------------------------------------------------------------------
+
+
+def _legacy(schema: str) -> dict[str, sql.Composed]:
+    text = (Path(__file__).parent / "legacy_0008.sql").read_text(encoding="utf-8")
+    ident = sql.Identifier(schema)
+    channel = sql.Literal(f"skiplock_{schema}")
+    return {
+        name: sql.SQL(body).format(schema=ident, channel=channel)  # type: ignore[arg-type]
+        for name, body in parse_named(text).items()
+    }
+
+
+def test_0009_keeps_every_job_with_an_0008_worker_running_through_it(
+    admin: psycopg.Connection[Any], dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = mod.migrations()
+    monkeypatch.setattr(mod, "migrations", lambda: tuple(m for m in real if m.version < 9))
+    run_op(admin, migrate_op(schema))
+    s = sql.Identifier(schema)
+    old = _legacy(schema)
+    # A populated 0008 schema: pending (due and delayed, some keyed), running with
+    # tokens, and done, failed and cancelled history.
+    admin.execute(
+        sql.SQL(
+            "INSERT INTO {}.jobs (queue, payload, run_at, idempotency_key) "
+            "SELECT 'q', jsonb_build_object('n', g), now() + CASE WHEN g % 10 = 0 "
+            "THEN interval '1 hour' ELSE interval '0' END, "
+            "CASE WHEN g % 7 = 0 THEN 'key-' || g END FROM generate_series(1, 3000) AS g"
+        ).format(s)
+    )
+    admin.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET status = (ARRAY['done', 'failed', 'cancelled'])[id % 3 + 1], "
+            "finished_at = now() - (id % 5) * interval '1 day', completions = "
+            "(id % 3 = 0)::int WHERE id > 2500 AND run_at <= now()"
+        ).format(s)
+    )
+    with admin.cursor(row_factory=dict_row) as cur:
+        held = [
+            Job.from_row(r)
+            for r in cur.execute(
+                old["claim"],
+                {
+                    "queue": "q",
+                    "limit": 20,
+                    "worker": "old-1",
+                    "lease": 3600.0,
+                    "tasks": None,
+                    **dict.fromkeys(("from_priority", "from_run_at", "from_id")),
+                },
+            ).fetchall()
+            if r["id"] is not None
+        ]
+    assert len(held) == 20
+    cols = sql.SQL(
+        "SELECT id, queue, status, payload, attempts, worker, lease_token, locked_until, "
+        "finished_at, idempotency_key, completions FROM {}.jobs ORDER BY id"
+    ).format(s)
+    before = admin.execute(cols).fetchall()
+
+    # The 0008 worker keeps claiming and completing with its own statements while
+    # 0009 runs (it waits for the migration's lock, then goes on against the new table).
+    stop = threading.Event()
+    old_done: list[int] = []
+    errors: list[BaseException] = []
+    replanned: list[str] = []
+
+    def old_worker() -> None:
+        try:
+            while not stop.is_set():
+                with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
+                    while not stop.is_set():
+                        try:
+                            got = _old_round(c)
+                        except psycopg.errors.FeatureNotSupported as exc:
+                            # The claim, prepared by psycopg before 0009 (after its
+                            # fifth run), returns `j.*`, and the row type gained `part`:
+                            # PostgreSQL refuses that prepared statement from now on.
+                            # Nothing was written.  A new connection (a restart, or
+                            # today's skiplock, which drops the connection on this
+                            # error) prepares it anew.
+                            replanned.append(str(exc))
+                            break
+                        if got is None:
+                            time.sleep(0.01)
+                        else:
+                            old_done.extend(got)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def _old_round(c: psycopg.Connection[Any]) -> list[int] | None:
+        rows = c.execute(
+            old["claim"],
+            {
+                "queue": "q",
+                "limit": 5,
+                "worker": "old-2",
+                "lease": 60.0,
+                "tasks": None,
+                **dict.fromkeys(("from_priority", "from_run_at", "from_id")),
+            },
+        ).fetchall()
+        rows = [r for r in rows if r["id"] is not None]
+        if not rows:
+            return None
+        ids = [r["id"] for r in rows]
+        c.execute(
+            old["heartbeat"],
+            {"ids": ids, "tokens": [r["lease_token"] for r in rows], "lease": 60.0},
+        )
+        out = c.execute(
+            old["complete"],
+            {
+                "ids": ids,
+                "tokens": [r["lease_token"] for r in rows],
+                "results": [None] * len(ids),
+            },
+        ).fetchall()
+        assert len(out) == len(ids)
+        return ids
+
+    t = threading.Thread(target=old_worker)
+    t.start()
+    wait_until(lambda: len(old_done) >= 50 or bool(errors), what="the old worker at work")
+    monkeypatch.setattr(mod, "migrations", lambda: real)
+    assert run_op(admin, migrate_op(schema)) == [9]
+    n = len(old_done)
+    wait_until(
+        lambda: len(old_done) >= n + 50 or bool(errors) or len(replanned) > 5,
+        what="the old worker after 0009",
+    )
+    stop.set()
+    t.join(timeout=30)
+    assert errors == []
+    assert replanned in ([], ["cached plan must not change result type"]), replanned
+
+    # Every job is still there once, as it was, but for what the old worker did.
+    after = {r[0]: r for r in admin.execute(cols).fetchall()}
+    assert len(after) == len(before)
+    for row in before:
+        now = after[row[0]]
+        if row[0] in old_done:
+            assert now[2] == "done" and now[10] == 1
+        else:
+            assert now == row
+    with Queue(dsn, schema=schema, max_size=4) as q:
+        # The first worker's tokens from before the migration still fence: its writes
+        # succeed with them, and fail with any other.
+        assert q.complete_many([(held[0], {"after": 9})]).lost == []
+        forged = dataclasses.replace(held[1], lease_token=held[0].lease_token)
+        assert q.complete_many([(forged, None)]).lost == [forged.id]
+        assert q.heartbeat_many([held[1]]).lost == []
+        # Keys taken before the migration still dedup, in job_keys.
+        keyed = admin.execute(
+            sql.SQL(
+                "SELECT id, idempotency_key FROM {}.jobs WHERE idempotency_key IS NOT NULL "
+                "ORDER BY id LIMIT 1"
+            ).format(s)
+        ).fetchone()
+        assert keyed is not None
+        assert q.enqueue({}, queue="q", idempotency_key=keyed[1]) == keyed[0]
+        # An 0008 producer cannot enqueue any more: its ON CONFLICT names a unique index
+        # that a partitioned jobs cannot have.  It is told so; nothing is written.
+        with pytest.raises(psycopg.errors.InvalidColumnReference):
+            admin.execute(
+                old["enqueue"],
+                {
+                    "queue": "q",
+                    "payload": "{}",
+                    "priority": 0,
+                    "run_at": None,
+                    "max_attempts": 5,
+                    "idempotency_key": None,
+                    "task": None,
+                    "meta": None,
+                },
+            )
+        # The rest runs on today's worker: the 0008 jobs still pending are claimed
+        # from generation 1; then upkeep retires it, sends its history to its days and
+        # its delayed jobs to the current generation, and truncates it.
+        while left := q.claim(worker="new", queue="q", limit=500):
+            q.complete_many([(j, None) for j in left])
+        q.complete_many([(j, None) for j in held[1:]])
+        q.ROTATE_ROWS, q.ROTATE_AFTER = 1, 0.0
+        for _ in range(5):
+            q.upkeep()
+    left_in_g1 = admin.execute(
+        sql.SQL("SELECT status, count(*) FROM {}.jobs_g1 GROUP BY 1").format(s)
+    ).fetchall()
+    assert left_in_g1 == [] and _sizes(admin, schema)["jobs_g1"] == 0, left_in_g1
+    placed = admin.execute(
+        sql.SQL(
+            "SELECT status = 'pending', part >= 1000000, count(*) FROM {}.jobs GROUP BY 1, 2 "
+            "ORDER BY 1, 2"
+        ).format(s)
+    ).fetchall()
+    delayed = sum(1 for r in before if r[2] == "pending" and r[0] % 10 == 0)
+    # Every finished job in a day; the delayed ones pending in a generation.
+    assert placed == [(False, True, len(before) - delayed), (True, False, delayed)]
