@@ -549,12 +549,21 @@ def run_server(label: str, dsn: str, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def dead_peak(samples: list[dict[str, Any]], at: float) -> int | str:
+    """The most dead tuples sampled in the minute up to ``at`` seconds into the flow
+    ('-' when the flow was shorter): a rotating table's dead tuples rise and fall
+    with each generation, so one sample would say more about its phase than its size."""
+    seen = [int(x["dead"]) for x in samples if "dead" in x and at - 60.0 < x["t"] <= at + 1.0]
+    return max(seen) if seen else "-"
+
+
 def summary(results: list[dict[str, Any]]) -> str:
     lines = [
         "| server | condition | flow s | kept jobs/s (of offered) | claim p50 ms | claim p99 ms "
         "| p99 last window | burst jobs/s | burst / fresh | dead tuples (stat / pgstattuple) "
+        "| dead at min 2 / min 10 (peak over the minute before) "
         "| table MB | claimable idx MB | RSS start->end MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for srv in results:
         fresh = srv.get("fresh", [])
@@ -572,6 +581,9 @@ def summary(results: list[dict[str, Any]]) -> str:
 
             st = runs[-1].get("storage", {})
             idx = st.get("indexes", {}).get("jobs_claimable_idx", {})
+            mins = " / ".join(
+                f"{dead_peak(runs[-1].get('samples', []), m * 60.0):,}" for m in (2, 10)
+            )
             lines.append(
                 f"| {srv['label']} | {cond} | {runs[0]['seconds']:.0f} "
                 f"| {med('last_window_rate'):,.0f} ({runs[0]['rate']:,.0f}) "
@@ -579,6 +591,7 @@ def summary(results: list[dict[str, Any]]) -> str:
                 f"| {med('claim_p99_last_ms'):.2f} | {med('burst_jobs_per_s'):,.0f} "
                 f"| {median(ratios) if ratios else float('nan'):.2f} "
                 f"| {st.get('n_dead_tup', '?'):,} / {st.get('pgstattuple_dead', '?'):,} "
+                f"| {mins} "
                 f"| {st.get('table_mb', float('nan')):.0f} | {idx.get('mb', float('nan')):.1f} "
                 f"| {med('rss_start_mb'):.1f} -> {med('rss_end_mb'):.1f} |"
             )

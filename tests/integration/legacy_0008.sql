@@ -1,7 +1,8 @@
 -- The statements of a skiplock worker and producer at schema 0008 (skiplock at commit
 -- 26344a3, src/skiplock/sql/queries.sql), verbatim: the "old worker" of the migration
 -- test in test_generations.py, which keeps running while migration 0009 turns `jobs`
--- into a partitioned table.  Not used by skiplock itself.
+-- into a partitioned table, and the grants `skiplock roles` gave its roles (sql/roles.sql
+-- at the same commit).  Not used by skiplock itself.
 
 -- name: claim
 -- One statement.  The CTE locks candidate rows and skips rows another claimer holds,
@@ -155,3 +156,43 @@ VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timest
         %(max_attempts)s, %(idempotency_key)s, %(task)s, %(meta)s::jsonb)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id;
+
+-- name: grant_producer
+-- Enqueue only.  INSERT on the columns enqueue, enqueue_many and its COPY write (not
+-- status, worker or lease_token: a producer cannot plant a running or finished job);
+-- SELECT on the columns the idempotency-key lookup, RETURNING id and `wait` read (not
+-- the payloads of other jobs); UPDATE of notify_finish, which is how `wait` asks a
+-- job's final write to notify it; USAGE on the id sequence for reserve_ids' nextval.  The
+-- enqueue-notification trigger runs its function as the inserting role, but EXECUTE on
+-- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
+-- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key, task, meta)
+    ON {schema}.jobs TO {role};
+GRANT SELECT (id, queue, idempotency_key, status, result, last_error, attempts,
+              max_attempts)
+    ON {schema}.jobs TO {role};
+GRANT UPDATE (notify_finish) ON {schema}.jobs TO {role};
+GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
+-- The enqueue trigger reads which workers wait for a notification (migration 0008),
+-- as the inserting role: the queues and the flag, not the workers' names.
+GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};
+
+-- name: grant_worker
+-- Claim, heartbeat, complete, fail, retry, release, sweep: SELECT on jobs (a claim
+-- returns the whole row) and UPDATE on the columns those statements set, nothing else.
+-- No INSERT, no DELETE (retention runs as the owner), no TRUNCATE, and no UPDATE of
+-- payload, queue, priority or max_attempts: a compromised worker host cannot rewrite
+-- the work it hands to the other workers.  SELECT ... FOR UPDATE needs only UPDATE on
+-- some column.  On queues: read the settings, and spend rate-limit tokens; pausing and
+-- limits are the owner's (an operator's) business.
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT ON {schema}.jobs TO {role};
+GRANT UPDATE (status, run_at, attempts, worker, lease_token, locked_until, started_at,
+              finished_at, last_error, completions, handback_token, result,
+              cancel_requested)
+    ON {schema}.jobs TO {role};
+GRANT SELECT ON {schema}.queues TO {role};
+GRANT UPDATE (rate_tokens, rate_refilled_at) ON {schema}.queues TO {role};
+-- Each worker records what it serves in `workers` (its own row: insert, refresh, delete).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workers TO {role};

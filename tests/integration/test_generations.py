@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,17 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 import skiplock._migrate as mod
-from skiplock import Job, Queue
+from skiplock import Job, Queue, SkiplockError
 from skiplock._base import QueueBase
 from skiplock._migrate import migrate_op
 from skiplock._queue import run_op
 from skiplock._sql import parse_named
 
+from .test_roles import drop_roles
 from .test_worker import wait_until
 
 
@@ -235,14 +238,54 @@ def test_a_write_by_id_that_races_a_move_finds_the_job_moved(
 # -- the migration ----------------------------------------------------------------------
 
 
-def _legacy(schema: str) -> dict[str, sql.Composed]:
+def _legacy(schema: str, role: str = "") -> dict[str, sql.Composed]:
     text = (Path(__file__).parent / "legacy_0008.sql").read_text(encoding="utf-8")
-    ident = sql.Identifier(schema)
-    channel = sql.Literal(f"skiplock_{schema}")
+    names = {
+        "schema": sql.Identifier(schema),
+        "channel": sql.Literal(f"skiplock_{schema}"),
+        "role": sql.Identifier(role or "-"),
+    }
     return {
-        name: sql.SQL(body).format(schema=ident, channel=channel)  # type: ignore[arg-type]
+        name: sql.SQL(body).format(**names)  # type: ignore[arg-type]
         for name, body in parse_named(text).items()
     }
+
+
+def test_0009_gives_the_roles_of_0008_what_they_need(
+    admin: psycopg.Connection[Any], dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Roles made by an 0008 `skiplock roles` keep working after 0009 without running
+    it again: the producer enqueues with keys, the worker claims, completes and runs
+    upkeep, and retention stays the owner's."""
+    real = mod.migrations()
+    monkeypatch.setattr(mod, "migrations", lambda: tuple(m for m in real if m.version < 9))
+    run_op(admin, migrate_op(schema))
+    tag = uuid.uuid4().hex[:8]
+    producer, worker = f"t_{tag}_producer", f"t_{tag}_worker"
+    try:
+        for role, block in ((producer, "grant_producer"), (worker, "grant_worker")):
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+            admin.execute(_legacy(schema, role)[block])
+        monkeypatch.setattr(mod, "migrations", lambda: real)
+        assert run_op(admin, migrate_op(schema)) == [9]
+        with (
+            Queue(make_conninfo(dsn, user=producer), schema=schema, max_size=2) as pq,
+            Queue(make_conninfo(dsn, user=worker), schema=schema, max_size=2) as wq,
+        ):
+            first = pq.enqueue({}, idempotency_key="k")
+            assert pq.enqueue({}, idempotency_key="k") == first
+            pq.enqueue_many([{}] * 3, idempotency_keys=["a", "b", "k"])
+            pq.enqueue({"unkeyed": True})
+            jobs = wq.claim(worker="w", limit=10)
+            assert len(jobs) == 4  # k, a, b (the second k is the first), unkeyed
+            assert wq.complete_many([(j, None) for j in jobs]).lost == []
+            wq.ROTATE_ROWS, wq.ROTATE_AFTER = 1, 0.0
+            steps = wq.upkeep()
+            assert steps.get("rotated") == 1 and steps.get("truncated") == 1, steps
+            with pytest.raises(SkiplockError, match="permission denied for function"):
+                wq.prune(older_than=0)
+    finally:
+        drop_roles(admin, producer, worker)
 
 
 def test_0009_keeps_every_job_with_an_0008_worker_running_through_it(

@@ -264,13 +264,15 @@ def sweep(dsn: str | None, schema: str, as_json: bool) -> None:
 @click.option(
     "--older-than", default=7 * 86400.0, show_default=True, help="Seconds since the job finished."
 )
-@click.option("--batch", default=1000, show_default=True, help="Rows deleted per statement.")
+@click.option(
+    "--batch", default=1000, show_default=True, help="Kept for old scripts; days go whole."
+)
 @dsn_option
 @schema_option
 @json_option
 @user_errors
 def prune(older_than: float, batch: int, dsn: str | None, schema: str, as_json: bool) -> None:
-    """Delete finished jobs (done, failed, cancelled) in small batches."""
+    """Drop the days of finished jobs (done, failed, cancelled) older than --older-than."""
     with _queue(dsn, schema, min_size=1, max_size=1) as q:
         n = q.prune(older_than=older_than, limit=batch)
     if as_json:
