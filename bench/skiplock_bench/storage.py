@@ -549,12 +549,12 @@ def run_server(label: str, dsn: str, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def dead_peak(samples: list[dict[str, Any]], at: float) -> int | str:
+def dead_peak(samples: list[dict[str, Any]], at: float) -> str:
     """The most dead tuples sampled in the minute up to ``at`` seconds into the flow
     ('-' when the flow was shorter): a rotating table's dead tuples rise and fall
     with each generation, so one sample would say more about its phase than its size."""
     seen = [int(x["dead"]) for x in samples if "dead" in x and at - 60.0 < x["t"] <= at + 1.0]
-    return max(seen) if seen else "-"
+    return f"{max(seen):,}" if seen else "-"
 
 
 def summary(results: list[dict[str, Any]]) -> str:
@@ -581,9 +581,7 @@ def summary(results: list[dict[str, Any]]) -> str:
 
             st = runs[-1].get("storage", {})
             idx = st.get("indexes", {}).get("jobs_claimable_idx", {})
-            mins = " / ".join(
-                f"{dead_peak(runs[-1].get('samples', []), m * 60.0):,}" for m in (2, 10)
-            )
+            mins = " / ".join(dead_peak(runs[-1].get("samples", []), m * 60.0) for m in (2, 10))
             lines.append(
                 f"| {srv['label']} | {cond} | {runs[0]['seconds']:.0f} "
                 f"| {med('last_window_rate'):,.0f} ({runs[0]['rate']:,.0f}) "
@@ -662,13 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise SystemExit(f"unknown server {srv!r}")
     load1 = loadavg()
-    text = (
-        f"storage: offered {a.rate:,.0f} jobs/s, held {a.held_seconds:.0f}s, fresh/history "
-        f"{a.fresh_seconds:.0f}s, burst {a.burst:,}, history {a.history:,}, worker concurrency "
-        f"{a.concurrency}, {a.rounds} round(s); load before {load0}, after {load1}\n\n"
-        + summary(results)
-    )
-    print(text)
+    # The raw results first: a report that fails to render must not lose a long run.
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (a.out / f"storage-{stamp}.json").write_text(
@@ -677,6 +669,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         encoding="utf-8",
     )
+    text = (
+        f"storage: offered {a.rate:,.0f} jobs/s, held {a.held_seconds:.0f}s, fresh/history "
+        f"{a.fresh_seconds:.0f}s, burst {a.burst:,}, history {a.history:,}, worker concurrency "
+        f"{a.concurrency}, {a.rounds} round(s); load before {load0}, after {load1}\n\n"
+        + summary(results)
+    )
+    print(text)
     (a.out / f"storage-{stamp}.md").write_text(text + "\n", encoding="utf-8")
     return 0
 

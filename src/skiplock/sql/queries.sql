@@ -6,6 +6,12 @@
 -- The correctness argument lives in three statements: `claim` (who may take a job),
 -- the fence clause shared by `complete`, `fail`, `heartbeat` and `release` (who may
 -- write to a taken job), and `sweep` (when a taken job is given back).
+--
+-- Since migration 0009, `jobs` is partitioned by `part`: pending and running jobs live
+-- in rotating generations (part < 1000000), finished ones in days.  Those three
+-- statements update rows in place and never move one; they say `part < 1000000` only
+-- so that no plan includes a day.  Rows move in upkeep() (0009: finished and delayed
+-- jobs, never one a claim, a fenced write or a sweep may take) and in `requeue`.
 
 -- name: claim
 -- One statement.  The CTE locks candidate rows and skips rows another claimer holds,
