@@ -425,7 +425,7 @@ class AsyncWorker(WorkerBase):
     async def _prune(self) -> None:
         assert self._q is not None and self.retention is not None
         try:
-            await self._q.prune(older_than=self.retention, limit=500, max_batches=4)
+            await self._q.prune(older_than=self.retention)
         except _DB_ERRORS as exc:
             self._upkeep_failed("prune", exc)
 

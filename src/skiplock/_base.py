@@ -484,8 +484,8 @@ class QueueBase:
         params = {"limit": limit, "window": window}
         return lambda _after: _single(self._stmts.sweep, params)
 
-    def _prune_op(self, older_than: float, limit: int) -> MakeOp:
-        params = {"older_than": float(older_than), "limit": int(limit)}
+    def _prune_op(self, older_than: float) -> MakeOp:
+        params = {"older_than": float(older_than)}
         return lambda _after: _count_rows(self._stmts.prune, params)
 
     def _upkeep_op(self) -> MakeOp:

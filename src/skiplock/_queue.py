@@ -555,7 +555,7 @@ class Queue(QueueBase):
         retention this replaced; they no longer change anything.
         """
         del limit, max_batches
-        return int(self._execute(self._prune_op(older_than, 0), what="prune"))
+        return int(self._execute(self._prune_op(older_than), what="prune"))
 
     def upkeep(self, *, max_steps: int = 50) -> dict[str, int]:
         """Rotate the generations of ``jobs`` and empty the ones no longer current.

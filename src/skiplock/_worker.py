@@ -423,8 +423,7 @@ class Worker(WorkerBase):
     def _prune(self) -> None:
         assert self._q is not None and self.retention is not None
         try:
-            # A few small batches per round: retention keeps up without long deletes.
-            self._q.prune(older_than=self.retention, limit=500, max_batches=4)
+            self._q.prune(older_than=self.retention)
         except _DB_ERRORS as exc:
             self._upkeep_failed("prune", exc)
 
