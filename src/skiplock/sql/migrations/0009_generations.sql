@@ -161,7 +161,7 @@ SELECT setval(format('%I.jobs_gen', {schema_name})::regclass, 2);
 CREATE TABLE {schema}.generations (
     part     integer     PRIMARY KEY CHECK (part >= 1 AND part < 1000000),
     since    timestamptz NOT NULL DEFAULT now(),
-    first_id bigint      NOT NULL DEFAULT 0
+    first_id bigint      NOT NULL DEFAULT 0  -- -1: added, never current yet
 );
 INSERT INTO {schema}.generations (part, first_id)
 SELECT g, coalesce(pg_sequence_last_value(format('%I.jobs_id_seq', {schema_name})::regclass), 0)
@@ -265,10 +265,25 @@ BEGIN
             -- seen by every enqueue at once, and the new partition only at our commit.
             nxt := (SELECT max(x.part) + 1 FROM {schema}.generations AS x);
             PERFORM {schema}.add_partition('jobs_g' || nxt, nxt);
-            INSERT INTO {schema}.generations (part) VALUES (nxt);
+            -- first_id -1: never current yet (see below).
+            INSERT INTO {schema}.generations (part, first_id) VALUES (nxt, -1);
             action := 'added'; gen := nxt; jobs := 0;
             RETURN NEXT;
             RETURN;
+        END IF;
+        -- A statement that began before the new partition was attached routes rows with
+        -- the partitions it saw then; were it still running when the sequence names the
+        -- new one, its next row would find no partition.  ATTACH does not wait for such
+        -- statements, so the first rotation to a generation does: SHARE waits for every
+        -- writer of jobs in flight, and lock_timeout gives up for a later call.
+        IF (SELECT x.first_id FROM {schema}.generations AS x WHERE x.part = nxt) < 0 THEN
+            BEGIN
+                LOCK TABLE {schema}.jobs IN SHARE MODE;
+            EXCEPTION WHEN lock_not_available THEN
+                action := 'busy'; gen := nxt; jobs := 0;
+                RETURN NEXT;
+                RETURN;
+            END;
         END IF;
         UPDATE {schema}.generations AS x
         SET since = clock_timestamp(), first_id = last_id
