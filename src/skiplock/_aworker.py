@@ -137,6 +137,7 @@ class AsyncWorker(WorkerBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
+        self._upkeep_wanted: asyncio.Event | None = None  # set by each sweep
         self._outcomes: asyncio.Queue[tuple[Job, Outcome] | None] | None = None
         self._beat_now: asyncio.Event | None = None
         # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
@@ -179,7 +180,8 @@ class AsyncWorker(WorkerBase):
         if self._loop is not None:
             raise RuntimeError("worker already running")
         self._loop = asyncio.get_running_loop()
-        self._stopping, self._wake, self._beat_now = (
+        self._stopping, self._wake, self._beat_now, self._upkeep_wanted = (
+            asyncio.Event(),
             asyncio.Event(),
             asyncio.Event(),
             asyncio.Event(),
@@ -188,9 +190,13 @@ class AsyncWorker(WorkerBase):
         self._claim_lock = asyncio.Lock()
         if self._stop_requested:
             self._stopping.set()
-        self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=3)
+        # Claims, the writer and the upkeep task each hold one at a time; one spare.
+        self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=4)
         await self._q.open()
-        helpers = [asyncio.create_task(self._writer(), name=f"skiplock-{self.name}-writer")]
+        helpers = [
+            asyncio.create_task(self._writer(), name=f"skiplock-{self.name}-writer"),
+            asyncio.create_task(self._upkeep_loop(), name=f"skiplock-{self.name}-upkeep"),
+        ]
         if self.listen:
             helpers.append(
                 asyncio.create_task(self._listener(), name=f"skiplock-{self.name}-listen")
@@ -417,10 +423,21 @@ class AsyncWorker(WorkerBase):
         self.swept(n, window, start)
         if n:
             self._wake.set()
-        try:
-            await self._q.upkeep()
-        except _DB_ERRORS as exc:
-            self._upkeep_failed("upkeep", exc)
+        assert self._upkeep_wanted is not None
+        self._upkeep_wanted.set()
+
+    async def _upkeep_loop(self) -> None:
+        """Run the generations' upkeep after each sweep, in a task of its own (on a
+        connection of the pool), so that its steps never hold back a claim: see
+        ``Worker._upkeep_loop``.  Cancelled at shutdown with the other helpers."""
+        assert self._q is not None and self._upkeep_wanted is not None
+        while True:
+            await self._upkeep_wanted.wait()
+            self._upkeep_wanted.clear()
+            try:
+                await self._q.upkeep()
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("upkeep", exc)
 
     async def _prune(self) -> None:
         assert self._q is not None and self.retention is not None

@@ -9,6 +9,7 @@ of a populated 0008 schema, with an 0008 worker still running through it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -24,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 import skiplock._migrate as mod
-from skiplock import Job, Queue, SkiplockError
+from skiplock import AsyncQueue, AsyncWorker, Job, Queue, SkiplockError, Worker
 from skiplock._base import QueueBase
 from skiplock._migrate import migrate_op
 from skiplock._queue import run_op
@@ -475,3 +476,83 @@ def test_0009_keeps_every_job_with_an_0008_worker_running_through_it(
     delayed = sum(1 for r in before if r[2] == "pending" and r[0] % 10 == 0)
     # Every finished job in a day; the delayed ones pending in a generation.
     assert placed == [(False, True, len(before) - delayed), (True, False, delayed)]
+
+
+def _stalled_upkeep(
+    monkeypatch: pytest.MonkeyPatch, cls: Any, *, is_async: bool
+) -> tuple[threading.Event, threading.Event, list[str]]:
+    """Make ``cls.upkeep`` stop at its first call until released: (entered, release,
+    the names of the threads that called it).  The real upkeep runs once released."""
+    entered, release, callers = threading.Event(), threading.Event(), []
+    real = cls.upkeep
+
+    if is_async:
+
+        async def upkeep(self: Any, **kw: Any) -> dict[str, int]:
+            callers.append(threading.current_thread().name)
+            entered.set()
+            end = time.monotonic() + 30
+            while not release.is_set() and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+            return dict(await real(self, **kw))
+
+    else:
+
+        def upkeep(self: Any, **kw: Any) -> dict[str, int]:  # type: ignore[misc]
+            callers.append(threading.current_thread().name)
+            entered.set()
+            release.wait(30)
+            return dict(real(self, **kw))
+
+    monkeypatch.setattr(cls, "upkeep", upkeep)
+    return entered, release, callers
+
+
+def test_a_slow_upkeep_holds_back_no_claim(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Upkeep runs on a thread of its own: while one of its calls is stuck, the worker
+    goes on claiming and completing (on the claim loop, it stopped every claim)."""
+    entered, release, callers = _stalled_upkeep(monkeypatch, Queue, is_async=False)
+    w = Worker(queue, lambda job: None, concurrency=4, sweep_interval=0.05, poll_interval=0.05)
+    t = w.start()
+    try:
+        assert entered.wait(20), "no upkeep call"
+        queue.enqueue_many([{"n": i} for i in range(200)])
+        wait_until(lambda: w.stats.completed == 200, what="the drain while upkeep is stuck")
+        assert not release.is_set()
+    finally:
+        release.set()
+        w.stop()
+        t.join(30)
+    assert not t.is_alive()
+    assert callers and all(name.endswith("-upkeep") for name in callers), callers
+
+
+def test_a_slow_upkeep_holds_back_no_claim_of_the_async_worker(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, release, _ = _stalled_upkeep(monkeypatch, AsyncQueue, is_async=True)
+    done = 0
+
+    async def handler(job: Job) -> None:
+        nonlocal done
+        done += 1
+
+    async def main() -> None:
+        w = AsyncWorker(queue, handler, concurrency=4, sweep_interval=0.05, poll_interval=0.05)
+        runner = asyncio.create_task(w.run())
+        try:
+            end = time.monotonic() + 20
+            while not entered.is_set():
+                assert time.monotonic() < end, "no upkeep call"
+                await asyncio.sleep(0.01)
+            await asyncio.to_thread(queue.enqueue_many, [{"n": i} for i in range(200)])
+            end = time.monotonic() + 20
+            while w.stats.completed < 200:
+                assert time.monotonic() < end, f"{done} of 200 done while upkeep is stuck"
+                await asyncio.sleep(0.01)
+        finally:
+            release.set()
+            w.stop()
+            await asyncio.wait_for(runner, 30)
+
+    asyncio.run(main())
