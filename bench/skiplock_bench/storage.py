@@ -5,8 +5,8 @@ scratch cluster of our own, see scratch.py).
 One measurement is a *flow*: a worker process (``Worker``, concurrency 8, its defaults)
 serves jobs that the bench enqueues at a fixed rate for ``--seconds``; then, with the
 same state still in place, a *burst* of ``--burst`` jobs is enqueued at once and timed
-until the worker has completed them all (its throughput when it is the bottleneck).
-Conditions, each on its own fresh schema unless said:
+until the worker has completed them all (its throughput when it is the bottleneck),
+``--bursts`` times; the median is reported.  Conditions, each on its own fresh schema unless said:
 
 - ``fresh``: nothing else going on;
 - ``held``: a REPEATABLE READ transaction opened at the start stays idle in transaction
@@ -383,6 +383,22 @@ class WaitSampler:
         return dict(sorted(self.counts.items(), key=lambda kv: -kv[1]))
 
 
+def explain_claim(dsn: str, schema: str, limit: int = 70) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) skiplock's claim of ``limit`` jobs from the head of
+    the queue, in a transaction rolled back: what one claim reads, partition by partition.
+    """
+    from skiplock.sqlfiles import statements
+
+    params: dict[str, Any] = {k: None for k in pgbench.CLAIM_NULLS}
+    params.update(queue="default", worker="explain", lease=30, limit=limit)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS) {}").format(statements(schema).claim), params
+        ).fetchall()
+        conn.rollback()
+    return "\n".join(str(r[0]) for r in rows)
+
+
 # -- one flow ---------------------------------------------------------------------------
 
 
@@ -394,6 +410,7 @@ def flow(
     seconds: float,
     burst: int,
     bursts: int = 1,
+    explain: bool = False,
     hold: bool,
     fresh: bool,
     window: float,
@@ -500,6 +517,7 @@ def flow(
             q.enqueue_many([{"n": n + i} for i in range(burst)])
             n += burst
             tb = time.monotonic()
+            plan = explain_claim(dsn, schema) if explain else None
             sampler = WaitSampler(dsn)
             while w.done() - d0 < burst and time.monotonic() - tb < 300:
                 time.sleep(0.002)
@@ -515,6 +533,8 @@ def flow(
                     "waits": waits,
                 }
             )
+            if plan is not None:
+                each[-1]["plan"] = plan
             log(
                 f"  [{tag}] burst {k + 1}: {each[-1]['jobs_per_s']:,.0f} jobs/s, "
                 f"{len(lat)} claims p50 {each[-1]['claim_p50_ms']:.2f} ms, waits {waits}"
@@ -562,6 +582,7 @@ def run_server(label: str, dsn: str, a: argparse.Namespace) -> dict[str, Any]:
         "rate": a.rate,
         "burst": a.burst,
         "bursts": a.bursts,
+        "explain": a.explain,
         "window": a.window,
         "concurrency": a.concurrency,
     }
@@ -681,11 +702,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--rate", type=float, default=1000.0, help="jobs/s offered in the flow")
     p.add_argument("--held-seconds", type=float, default=600.0, help="the issue asks 10 min")
-    p.add_argument("--fresh-seconds", type=float, default=120.0)
+    p.add_argument(
+        "--fresh-seconds",
+        type=float,
+        default=600.0,
+        help="as long as the hold by default, so that the hold is all that differs",
+    )
     p.add_argument("--window", type=float, default=30.0, help="seconds per sample")
     p.add_argument("--burst", type=int, default=20_000)
     p.add_argument(
-        "--bursts", type=int, default=1, help="bursts after the flow (the median is reported)"
+        "--bursts", type=int, default=3, help="bursts after the flow (the median is reported)"
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="EXPLAIN (ANALYZE, BUFFERS) a claim from the head as each burst starts "
+        "(rolled back; the plan goes into the JSON)",
     )
     p.add_argument("--history", type=int, default=1_000_000)
     p.add_argument("--concurrency", type=int, default=8)

@@ -1,0 +1,125 @@
+"""Where an idle worker's pickup time goes, stage by stage.
+
+``python bench/pickup_stages.py [SAMPLES]`` (default 300): one ``Worker`` (concurrency 8,
+LISTEN on) in this process, idle; one job at a time is enqueued 10-30 ms after the
+previous one started, as ``bench/run``'s pickup section does.  For each job, on this
+process's one monotonic clock:
+
+- ``enqueue call``: the producer's ``enqueue()`` (its commit is the floor of the pickup);
+- ``notify``: when a second listener on the same channel, a connection of its own in a
+  thread of its own, got the NOTIFY, from the enqueue call's return (negative: before);
+- ``claim sent`` and ``claim``: when the worker's claim that took the job went out, from
+  the enqueue call's return, and how long it took (the worker's ``claim_seconds``);
+- ``to handler``: from the claim's return to the handler's first line;
+- ``pickup - floor``: from the enqueue call's return to the handler's first line, the
+  figure issue 19 bounds at 0.5 ms (p50) and 2 ms (p99).
+
+The DSN is $SKIPLOCK_BENCH_DSN or the local server; a schema of its own is dropped after.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+
+from skiplock import Job, Queue, Worker
+from skiplock._sql import channel_name
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+
+def main() -> None:
+    samples = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    dsn = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+    schema = f"pickup_{uuid.uuid4().hex[:8]}"
+    q = Queue(dsn, schema=schema, max_size=2)
+    q.migrate()
+    lock = threading.Lock()
+    notified: list[float] = []
+    claims: list[tuple[float, float]] = []  # (when it returned, seconds)
+    started: dict[int, float] = {}
+    got = threading.Event()
+    stop = threading.Event()
+
+    def listen() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel_name(schema))))
+            listening.set()
+            while not stop.is_set():
+                for _ in conn.notifies(timeout=0.2):
+                    t = time.monotonic()
+                    with lock:
+                        notified.append(t)
+
+    def handler(job: Job) -> None:
+        t = time.monotonic()
+        with lock:
+            started[int(job.payload["n"])] = t
+        got.set()
+
+    def on_measure(name: str, value: float, queue: str | None) -> None:
+        if name == "claim_seconds":
+            t = time.monotonic()
+            with lock:
+                claims.append((t, value))
+
+    listening = threading.Event()
+    threading.Thread(target=listen, daemon=True).start()
+    listening.wait(10)
+    w = Worker(q, handler, concurrency=8, on_measure=on_measure)
+    thread = w.start()
+    time.sleep(1.0)  # registered, listening, idle
+    rows: list[dict[str, float]] = []
+    for i in range(samples):
+        got.clear()
+        with lock:
+            notified.clear()
+            claims.clear()
+        t0 = time.monotonic()
+        q.enqueue({"n": i})
+        t1 = time.monotonic()
+        if not got.wait(10):
+            print(f"job {i} not picked up in 10 s", file=sys.stderr)
+            continue
+        with lock:
+            th = started[i]
+            note = notified[0] if notified else float("nan")
+            # The claim that took the job: the last one to return before the handler.
+            took = [c for c in claims if c[0] <= th]
+        landed, secs = took[-1] if took else (float("nan"), float("nan"))
+        rows.append(
+            {
+                "enqueue call": t1 - t0,
+                "notify": note - t1,
+                "claim sent": landed - secs - t1,
+                "claim": secs,
+                "to handler": th - landed,
+                "pickup - floor": th - t1,
+            }
+        )
+        time.sleep(random.uniform(0.01, 0.03))
+    w.stop()
+    thread.join(30)
+    stop.set()
+    q.close()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    print(f"{len(rows)} samples, ms (p50 / p99 / mean)")
+    for key in rows[0]:
+        xs = [r[key] * 1000 for r in rows if r[key] == r[key]]
+        print(f"  {key:<15} {pct(xs, 50):6.2f} / {pct(xs, 99):6.2f} / {statistics.fmean(xs):6.2f}")
+
+
+if __name__ == "__main__":
+    main()
