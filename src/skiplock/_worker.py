@@ -426,8 +426,8 @@ class Worker(WorkerBase):
         thread and a connection of its own.
 
         A step moves up to 2,000 finished jobs (10-30 ms), and after a burst a call takes
-        several in a row: run on the claim loop, they held back its next claim by up to
-        half a second while the handlers ran dry (bench/README.md, "the held burst").
+        several in a row: on the claim loop, no claim went out meanwhile (300-450 ms of
+        steps were sampled inside one burst; bench/README.md, "The held burst").
         """
         assert self._uq is not None
         while True:
