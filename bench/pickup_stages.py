@@ -15,6 +15,7 @@ process's one monotonic clock:
   figure issue 19 bounds at 0.5 ms (p50) and 2 ms (p99).
 
 The DSN is $SKIPLOCK_BENCH_DSN or the local server; a schema of its own is dropped after.
+Percentiles are the bench's nearest-rank ones (``skiplock_bench.common.percentile``).
 """
 
 from __future__ import annotations
@@ -29,19 +30,15 @@ import uuid
 
 import psycopg
 from psycopg import sql
+from skiplock_bench.common import DEFAULT_DSN, percentile
 
 from skiplock import Job, Queue, Worker
 from skiplock._sql import channel_name
 
 
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
-
-
 def main() -> None:
     samples = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    dsn = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+    dsn = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
     schema = f"pickup_{uuid.uuid4().hex[:8]}"
     q = Queue(dsn, schema=schema, max_size=2)
     q.migrate()
@@ -118,7 +115,8 @@ def main() -> None:
     print(f"{len(rows)} samples, ms (p50 / p99 / mean)")
     for key in rows[0]:
         xs = [r[key] * 1000 for r in rows if r[key] == r[key]]
-        print(f"  {key:<15} {pct(xs, 50):6.2f} / {pct(xs, 99):6.2f} / {statistics.fmean(xs):6.2f}")
+        p50, p99, mean = percentile(xs, 50), percentile(xs, 99), statistics.fmean(xs)
+        print(f"  {key:<15} {p50:6.2f} / {p99:6.2f} / {mean:6.2f}")
 
 
 if __name__ == "__main__":
