@@ -268,7 +268,7 @@ def test_0009_gives_the_roles_of_0008_what_they_need(
             admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
             admin.execute(_legacy(schema, role)[block])
         monkeypatch.setattr(mod, "migrations", lambda: real)
-        assert run_op(admin, migrate_op(schema)) == [9]
+        assert run_op(admin, migrate_op(schema)) == [m.version for m in real if m.version >= 9]
         with (
             Queue(make_conninfo(dsn, user=producer), schema=schema, max_size=2) as pq,
             Queue(make_conninfo(dsn, user=worker), schema=schema, max_size=2) as wq,
@@ -402,7 +402,7 @@ def test_0009_keeps_every_job_with_an_0008_worker_running_through_it(
     t.start()
     wait_until(lambda: len(old_done) >= 50 or bool(errors), what="the old worker at work")
     monkeypatch.setattr(mod, "migrations", lambda: real)
-    assert run_op(admin, migrate_op(schema)) == [9]
+    assert run_op(admin, migrate_op(schema)) == [m.version for m in real if m.version >= 9]
     n = len(old_done)
     wait_until(
         lambda: len(old_done) >= n + 50 or bool(errors) or len(replanned) > 5,

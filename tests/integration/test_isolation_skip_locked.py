@@ -11,10 +11,11 @@ no permutations, every interleaving runs, checked against a small model of row l
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -50,9 +51,12 @@ def run_spec(
     steps: list[SpecStep],
     order: Sequence[str],
     begin: Sequence[str],
+    setup: Callable[[], None] | None = None,
 ) -> Permutation:
     """Fresh data and fresh sessions per permutation, as the tester's setup/teardown."""
     seed_scratch(dsn, schema, 2)
+    if setup is not None:
+        setup()
     with StepDriver(dsn, application_name=f"iso:{schema}") as d:
         for name in begin:
             d.session(name).run("BEGIN")  # the spec's per-session setup block
@@ -222,9 +226,33 @@ def _hooked(text: str, schema: str) -> sql.Composed:
     return sql.SQL(hooked).format(schema=sql.Identifier(schema))
 
 
-def _core_claim_text() -> str:
-    queries = resources.files("skiplock").joinpath("sql", "queries.sql").read_text("utf-8")
-    return parse_named(queries)["claim"]
+def _hook_the_pick(dsn: str, schema: str, hook: int) -> None:
+    """The same wait injected into skiplock's claim, whose candidate scan is the function
+    ``claimable`` (migration 0010): its definition as the server holds it, replaced by
+    one that calls ``pg_advisory_lock`` on each row it considers.  The claim statement
+    that calls it is the real one, unchanged."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        sig = sql.SQL("{}.claimable(text, bigint, integer, timestamptz, bigint, text[])").format(
+            sql.Identifier(schema)
+        )
+        row = conn.execute(
+            sql.SQL("SELECT pg_get_functiondef({}::regprocedure)").format(
+                sql.Literal(sig.as_string(conn))
+            )
+        ).fetchone()
+        assert row is not None
+        text = str(row[0])
+        anchor = "WHERE j.status = 'pending'"
+        assert text.count(anchor) == 1
+        before, after = text.split(anchor)
+        hooked = sql.SQL("").join(
+            [
+                sql.SQL(before + anchor + " AND pg_advisory_lock("),
+                sql.Literal(hook),
+                sql.SQL("::bigint) IS NOT NULL" + after),
+            ]
+        )
+        conn.execute(hooked)
 
 
 def _lab_for_update_text() -> str:
@@ -248,9 +276,11 @@ def spec4_steps(schema: str, claim: sql.Composed, hook: int) -> list[SpecStep]:
 
 def test_skip_locked_4_spec(dsn: str, schema: str) -> None:
     hook = random.getrandbits(62)
-    steps = spec4_steps(schema, _hooked(_core_claim_text(), schema), hook)
+    steps = spec4_steps(schema, statements(schema).claim, hook)
     order = ["s2a", "s1a", "s2b", "s2c", "s2d", "s2e", "s1b", "s2f"]
-    perm = run_spec(dsn, schema, steps, order, begin=["s1"])
+    perm = run_spec(
+        dsn, schema, steps, order, begin=["s1"], setup=lambda: _hook_the_pick(dsn, schema, hook)
+    )
     assert perm.blocked == ["s1a"]  # on the hook, by s2
     assert perm.waiting_after["s2d"] == ["s1a"]
     # Released, the claim follows job 1's update chain to a version s2 holds locked,

@@ -133,7 +133,7 @@ def test_0008_touches_no_job_and_a_version_7_worker_is_still_woken(
             assert notes(admin, listener, schema) == ["a"]
         # The old worker's lease tokens still fence, through 0009 too.
         monkeypatch.setattr(mod, "migrations", lambda: real)
-        assert run_op(admin, migrate_op(schema)) == [9]
+        assert run_op(admin, migrate_op(schema)) == [m.version for m in real if m.version >= 9]
         assert q.complete_many([(j, None) for j in job]).lost == []
 
 

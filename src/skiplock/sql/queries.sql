@@ -14,11 +14,15 @@
 -- jobs, never one a claim, a fenced write or a sweep may take) and in `requeue`.
 
 -- name: claim
--- One statement.  The CTE locks candidate rows and skips rows another claimer holds,
--- so concurrent claimers get disjoint sets without waiting.  MATERIALIZED keeps the
--- planner from inlining the CTE and evaluating LIMIT against the join.  The UPDATE
--- re-checks status on the target row itself: that is the check the postmortem's
--- subquery claim lacked.  The fresh lease_token is the fence for every later write.
+-- One statement.  The pick locks candidate rows and skips rows another claimer holds,
+-- so concurrent claimers get disjoint sets without waiting: it is the function
+-- `claimable` (migration 0010), a SELECT ... ORDER BY priority, run_at, id LIMIT ...
+-- FOR UPDATE SKIP LOCKED over the generations' pending jobs, in a function so that it
+-- is planned with enable_sort off and reads the claimable indexes in order instead of
+-- sorting the whole backlog when the statistics are stale (see the migration).
+-- MATERIALIZED runs the pick once, before the UPDATE.  The UPDATE re-checks status on
+-- the target row itself: that is the check the postmortem's subquery claim lacked.
+-- The fresh lease_token is the fence for every later write.
 -- The queue's row in `queues` (if any) is read first: a paused queue gives nothing,
 -- and a limited one gives nothing here either but says so (queue_limited), and the
 -- caller takes the locked path, `claim_limited`.  The row is read as it is (zero or one
@@ -37,11 +41,13 @@
 -- `tasks` (NULL: any) limits the claim to the tasks this worker knows: a job for a task
 -- it does not know is not taken, so it is not failed and not charged an attempt; it
 -- stays pending for a worker that knows it (migration 0007, a rolling deploy).
--- The UPDATE finds each picked row by its ctid, the version the CTE locked (nobody can
+-- The UPDATE finds each picked row by its ctid, the version the pick locked (nobody can
 -- change it while we hold the lock): by id alone, the planner trusted a stale estimate
 -- of one pending row and scanned jobs_claimable_idx for every picked row, 72 ms a claim
 -- after a million-job history (0.46 ms by ctid).  A picked row updated by another
--- transaction after our snapshot is not found by ctid and simply not claimed this time.
+-- transaction after our snapshot is not found by ctid and simply not claimed this time;
+-- so is a row the pick (a function, with a snapshot a little later than ours) locked in
+-- a version our snapshot cannot see.
 WITH cfg AS MATERIALIZED (
     SELECT q.paused OR q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS stop,
            q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS limited,
@@ -50,20 +56,12 @@ WITH cfg AS MATERIALIZED (
     WHERE q.name = %(queue)s
 ),
 picked AS MATERIALIZED (
-    SELECT id, ctid, part
-    FROM {schema}.jobs
-    WHERE status = 'pending'
-      AND part < 1000000  -- the generations: no day holds a pending job
-      AND queue = %(queue)s
-      AND run_at <= now()
-      AND (priority, run_at, id) >= (coalesce(%(from_priority)s::integer, -2147483648),
-                                     coalesce(%(from_run_at)s::timestamptz, '-infinity'),
-                                     coalesce(%(from_id)s::bigint, -9223372036854775808))
-      AND NOT EXISTS (SELECT FROM cfg WHERE cfg.stop)
-      AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
-    ORDER BY priority, run_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT p.id, p.row_ctid AS ctid, p.part
+    FROM {schema}.claimable(%(queue)s,
+                            CASE WHEN EXISTS (SELECT FROM cfg WHERE cfg.stop) THEN 0
+                                 ELSE %(limit)s::bigint END,
+                            %(from_priority)s::integer, %(from_run_at)s::timestamptz,
+                            %(from_id)s::bigint, %(tasks)s::text[]) AS p
 ),
 claimed AS (
     UPDATE {schema}.jobs AS j
@@ -95,8 +93,9 @@ FROM claimed FULL JOIN cfg ON true;
 SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 
 -- name: claim_limited
--- Like `claim`, for a queue with a concurrency or rate limit, run after `lock_queue`
--- in the same transaction.  It takes at most: the concurrency limit minus the queue's
+-- Like `claim` (the same pick, `claimable`), for a queue with a concurrency or rate
+-- limit, run after `lock_queue` in the same transaction.  It takes at most: the
+-- concurrency limit minus the queue's
 -- running jobs, and the whole tokens of the rate bucket (refilled at rate_limit per
 -- second up to rate_burst, default one second's worth and at least 1); then it spends
 -- the tokens it used.  Sub-statements share one snapshot, and the queue row is ours.
@@ -124,16 +123,9 @@ allowed AS MATERIALIZED (
     FROM cfg
 ),
 picked AS MATERIALIZED (
-    SELECT id, ctid, part
-    FROM {schema}.jobs
-    WHERE status = 'pending'
-      AND part < 1000000  -- the generations: no day holds a pending job
-      AND queue = %(queue)s
-      AND run_at <= now()
-      AND (%(tasks)s::text[] IS NULL OR task = ANY(%(tasks)s::text[]))
-    ORDER BY priority, run_at, id
-    LIMIT (SELECT coalesce(max(n), 0) FROM allowed)
-    FOR UPDATE SKIP LOCKED
+    SELECT p.id, p.row_ctid AS ctid, p.part
+    FROM {schema}.claimable(%(queue)s, (SELECT coalesce(max(n), 0) FROM allowed),
+                            NULL, NULL, NULL, %(tasks)s::text[]) AS p
 ),
 claimed AS (
     UPDATE {schema}.jobs AS j
