@@ -386,17 +386,37 @@ class WaitSampler:
 def explain_claim(dsn: str, schema: str, limit: int = 70) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) skiplock's claim of ``limit`` jobs from the head of
     the queue, in a transaction rolled back: what one claim reads, partition by partition.
+
+    The pick runs inside a function (migration 0010), which EXPLAIN shows as one
+    Function Scan; where the server has auto_explain (and we may LOAD it), the pick's
+    own plan follows, as auto_explain reports nested statements.
     """
     from skiplock.sqlfiles import statements
 
     params: dict[str, Any] = {k: None for k in pgbench.CLAIM_NULLS}
     params.update(queue="default", worker="explain", lease=30, limit=limit)
+    nested: list[str] = []
     with psycopg.connect(dsn) as conn:
+        try:
+            conn.execute("LOAD 'auto_explain'")
+            for name, value in (
+                ("log_min_duration", "0"),
+                ("log_nested_statements", "on"),
+                ("log_analyze", "on"),
+                ("log_buffers", "on"),
+                ("log_level", "notice"),
+            ):
+                conn.execute("SELECT set_config(%s, %s, true)", (f"auto_explain.{name}", value))
+            conn.add_notice_handler(lambda d: nested.append(d.message_primary or ""))
+        except psycopg.Error:
+            conn.rollback()
         rows = conn.execute(
             sql.SQL("EXPLAIN (ANALYZE, BUFFERS) {}").format(statements(schema).claim), params
         ).fetchall()
         conn.rollback()
-    return "\n".join(str(r[0]) for r in rows)
+    picks = [n for n in nested if "j.ctid, j.part" in n]  # the pick's own query
+    out = "\n".join(str(r[0]) for r in rows)
+    return out + ("\n-- the pick, inside claimable():\n" + picks[0] if picks else "")
 
 
 # -- one flow ---------------------------------------------------------------------------
