@@ -561,8 +561,10 @@ class Queue(QueueBase):
         """Rotate the generations of ``jobs`` and empty the ones no longer current.
 
         Each step is one short transaction (``upkeep()`` in migration 0009): a rotation,
-        a batch of finished or delayed jobs moved out of an old generation, or the
-        truncation of an old generation found empty.  Steps run until there is nothing
+        a batch of finished or delayed jobs moved out of an old generation, the
+        truncation of an old generation found empty, or the one ANALYZE a generation
+        gets in its life (0011), without which completions read it whole.  Steps run
+        until there is nothing
         to do, another session holds the upkeep, a truncation would wait for a lock, or
         ``max_steps``.  Workers call this at each sweep.  Returns the steps taken by
         kind, and ``jobs_moved``.

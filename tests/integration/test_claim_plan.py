@@ -118,3 +118,42 @@ def test_the_pick_skips_locked_rows_and_honours_position_and_tasks(queue: Queue)
         assert [j.id for j in got] == ids[3:5]
     rest = queue.claim(worker="c", limit=10, tasks=["known"])
     assert [j.id for j in rest] == [ids[2], ids[5]]
+
+
+def _complete_plan(dsn: str, schema: str, jobs: list[Any]) -> str:
+    params = {"ids": [j.id for j in jobs], "tokens": [j.lease_token for j in jobs]}
+    params["results"] = [None] * len(jobs)
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF) ") + statements(schema).complete,
+            params,
+        ).fetchall()
+        conn.rollback()
+    return "\n".join(str(r[0]) for r in rows)
+
+
+def test_upkeep_analyzes_a_generation_once_so_completions_use_the_primary_key(
+    queue: Queue, admin: psycopg.Connection[Any], dsn: str, schema: str
+) -> None:
+    """Never analyzed, a generation of 20,000 jobs was read whole by every completion
+    (a hash join over a sequential scan, 436 buffers for 24 jobs); upkeep analyzes it
+    once it has taken 1,000 ids, and completions then look their rows up by key."""
+    queue.enqueue_many([{"i": i} for i in range(20_000)])
+    (part,) = admin.execute(
+        sql.SQL("SELECT DISTINCT part FROM {}.jobs").format(sql.Identifier(schema))
+    ).fetchone() or (None,)
+    steps = queue.upkeep()
+    assert steps.get("analyzed") == 1, steps
+    assert "analyzed" not in queue.upkeep()  # once: the statistics are there now
+    jobs = queue.claim(worker="w", limit=24)
+    plan = _complete_plan(dsn, schema, jobs)
+    assert f"Index Scan using jobs_g{part}_pkey" in plan, plan
+    assert f"Seq Scan on jobs_g{part} " not in plan, plan
+    # The statistics outlive a TRUNCATE: the generation, emptied and filled again,
+    # is not analyzed again and its completions still use the key.
+    g = sql.Identifier(f"jobs_g{part}")
+    admin.execute(sql.SQL("TRUNCATE {}.{}").format(sql.Identifier(schema), g))
+    queue.enqueue_many([{"i": i} for i in range(20_000)])
+    assert "analyzed" not in queue.upkeep()
+    plan = _complete_plan(dsn, schema, queue.claim(worker="w", limit=24))
+    assert f"Index Scan using jobs_g{part}_pkey" in plan, plan
