@@ -95,10 +95,11 @@ SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 -- name: claim_limited
 -- Like `claim` (the same pick, `claimable`), for a queue with a concurrency or rate
 -- limit, run after `lock_queue` in the same transaction.  It takes at most: the
--- concurrency limit minus the queue's
--- running jobs, and the whole tokens of the rate bucket (refilled at rate_limit per
--- second up to rate_burst, default one second's worth and at least 1); then it spends
--- the tokens it used.  Sub-statements share one snapshot, and the queue row is ours.
+-- concurrency limit minus the queue's running jobs, and the whole tokens of the rate
+-- bucket (refilled at rate_limit per second up to rate_burst, default one second's
+-- worth and at least 1); then it spends the tokens it used.  Sub-statements share one
+-- snapshot (the pick's own is a little later, and takes at most what `allowed` says),
+-- and the queue row is ours.
 -- Times are statement_timestamp(), not now(): now() is when the transaction began,
 -- before the wait for the queue row, and the bucket must refill by the time that
 -- actually passed between turns.
