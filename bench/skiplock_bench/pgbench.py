@@ -34,7 +34,7 @@ _PARAM = re.compile(r"%\((\w+)\)s")
 # The values of the claim's parameters; the complete takes ids, tokens and results
 # (none: a no-op handler's) from the claim.
 CLAIM_CONSTANTS = {"queue": "default", "worker": "pgbench", "lease": "30"}
-FROM_CLAIM = ("ids", "tokens", "results")
+FROM_CLAIM = ("ids", "tokens", "results", "parts")
 # Parameters the claim may leave NULL (its scan starts at the head of the queue).
 CLAIM_NULLS = ("from_priority", "from_run_at", "from_id", "tasks")
 
@@ -102,7 +102,8 @@ def _claim_cte(claim: str) -> str:
 _FOLD = (
     "SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids,\n"
     "       coalesce(array_agg(lease_token) FILTER (WHERE id IS NOT NULL), '{}') AS tokens,\n"
-    "       coalesce(array_agg(NULL::text) FILTER (WHERE id IS NOT NULL), '{}') AS results\n"
+    "       coalesce(array_agg(NULL::text) FILTER (WHERE id IS NOT NULL), '{}') AS results,\n"
+    "       coalesce(array_agg(part) FILTER (WHERE id IS NOT NULL), '{}') AS parts\n"
     "FROM bench_claimed \\gset\n"
 )
 

@@ -157,3 +157,51 @@ def test_upkeep_analyzes_a_generation_once_so_completions_use_the_primary_key(
     assert "analyzed" not in queue.upkeep()
     plan = _complete_plan(dsn, schema, queue.claim(worker="w", limit=24))
     assert f"Index Scan using jobs_g{part}_pkey" in plan, plan
+
+
+def test_the_pick_is_planned_once_per_session_not_at_every_claim(
+    queue: Queue, dsn: str, schema: str
+) -> None:
+    """PL/pgSQL plans the pick for each call's values (a custom plan) five times, then
+    keeps doing so while the plan for any values looks dearer: the pick was planned
+    anew at every claim, 21% of the server's CPU under pgbench.  Migration 0012 keeps
+    one plan per session.  auto_explain shows which plan ran: a kept (generic) plan
+    reads its values as parameters ($1), a custom one as constants."""
+    queue.enqueue_many([{"i": i} for i in range(2_000)])
+    # Upkeep analyzes the generation (0011): with statistics, a plan for an unknown
+    # LIMIT looks far dearer than one for LIMIT 10, which is when PL/pgSQL kept
+    # planning for each call's values.
+    assert queue.upkeep().get("analyzed") == 1
+    params = {"queue": "default", "limit": 10, "worker": "x", "lease": 30.0}
+    params |= {"from_priority": None, "from_run_at": None, "from_id": None, "tasks": None}
+    picks: list[str] = []
+    with psycopg.connect(dsn) as conn:
+        try:
+            conn.execute("LOAD 'auto_explain'")
+        except psycopg.Error as exc:
+            pytest.skip(f"this server cannot load auto_explain: {exc}")
+        for name, value in [
+            ("log_min_duration", "0"),
+            ("log_nested_statements", "on"),
+            ("log_level", "notice"),
+        ]:
+            conn.execute("SELECT set_config(%s, %s, false)", (f"auto_explain.{name}", value))
+        conn.commit()
+        # The pick's own plan, not the claim's around it.
+        conn.add_notice_handler(
+            lambda d: (
+                picks.append(d.message_primary or "")
+                if "Query Text: SELECT j.id, j.ctid" in (d.message_primary or "")
+                else None
+            )
+        )
+        for _ in range(8):
+            conn.execute(statements(schema).claim, params)
+            conn.rollback()
+    assert len(picks) == 8, picks
+    for plan in picks:
+        assert "Merge Append" in plan and "Sort Method" not in plan, plan
+    # Past the five custom plans PL/pgSQL always makes first, the pick must run the kept
+    # plan ("queue = $1"), not one made for this call ("queue = 'default'::text").
+    for plan in picks[5:]:
+        assert "queue = $1" in plan, plan

@@ -16,3 +16,61 @@ ALTER TABLE {schema}.jobs SET (fillfactor = 50);
 -- Without jobs_finished_idx (prune's and the dashboard's index): what the complete
 -- pays for it.
 DROP INDEX {schema}.jobs_finished_idx;
+
+-- name: setup_no_runidx
+-- Without jobs_running_leases_idx (the sweep's index): what the claim pays for it.
+DROP INDEX {schema}.jobs_running_leases_idx;
+
+-- name: setup_no_idx
+-- Without either: a claim and a complete that each write only the primary key's entry,
+-- as the postmortem's plain SQL does.
+DROP INDEX {schema}.jobs_running_leases_idx;
+DROP INDEX {schema}.jobs_finished_idx;
+
+-- name: complete_part
+-- Today's complete, told each job's generation (the claim returns it): the join prunes
+-- to that one partition at run time instead of probing every generation's primary key.
+UPDATE {schema}.jobs AS j
+SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
+    finished_at  = now(),
+    locked_until = NULL,
+    result       = f.result::jsonb,
+    completions  = j.completions + 1
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[], %(parts)s::integer[])
+     AS f(id, token, result, part)
+WHERE j.id = f.id
+  AND j.part = f.part
+  AND j.lease_token = f.token
+  AND j.status = 'running'
+  AND j.part < 1000000
+RETURNING j.id, j.lease_token, j.status,
+          CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
+              AS notified;
+
+-- name: setup_part_no_finidx
+-- complete_part and no finished index on the generations.
+DROP INDEX {schema}.jobs_finished_idx;
+
+-- name: complete_part_no_finidx
+UPDATE {schema}.jobs AS j
+SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
+    finished_at  = now(),
+    locked_until = NULL,
+    result       = f.result::jsonb,
+    completions  = j.completions + 1
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[], %(parts)s::integer[])
+     AS f(id, token, result, part)
+WHERE j.id = f.id
+  AND j.part = f.part
+  AND j.lease_token = f.token
+  AND j.status = 'running'
+  AND j.part < 1000000
+RETURNING j.id, j.lease_token, j.status,
+          CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
+              AS notified;
+
+-- name: setup_generic
+-- The pick planned once per session: PL/pgSQL's plan cache otherwise finds the generic
+-- plan dearer than the custom ones and plans the pick again at every call.
+ALTER FUNCTION {schema}.claimable(text, bigint, integer, timestamptz, bigint, text[])
+    SET plan_cache_mode = force_generic_plan;
