@@ -499,10 +499,13 @@ class WorkerBase:
         return max(1, self.capacity // 2)
 
     # Adaptive prefetch never goes past the larger of 2 x concurrency and this: a batch
-    # of 64 short jobs is claimed and completed for about the cost of one (measured:
-    # 20,000 no-op jobs at concurrency 8 drained 1.4x faster with 64 than with 16, and
-    # no faster with 128 or 256, at concurrency 32 either).
-    PREFETCH_BATCH = 64
+    # of short jobs is claimed and completed for about the cost of one job.  Measured:
+    # 20,000 no-op jobs at concurrency 8 drained 1.4x faster with 64 than with 16; once
+    # migration 0012 stopped the claim from planning at every call, 40,000 drained
+    # 1.3x faster with 256 than with 64 (bench/README.md, "Figures of issue 19, the
+    # pick's plan kept"), and no faster with 512.  At concurrency 8 only jobs shorter
+    # than a 32nd of a claim's round trip go that deep (see adaptive_prefetch).
+    PREFETCH_BATCH = 256
 
     def adaptive_prefetch(self, fixed: int | None, mean_runtime: float, claim_rtt: float) -> int:
         """Jobs to claim beyond ``concurrency``: ``fixed`` if given, else about as many

@@ -31,7 +31,7 @@ def worker(concurrency: int) -> Sizing:
     return Sizing(concurrency)
 
 
-@pytest.mark.parametrize(("concurrency", "cap"), [(1, 64), (8, 64), (32, 64), (64, 128)])
+@pytest.mark.parametrize(("concurrency", "cap"), [(1, 256), (8, 256), (32, 256), (256, 512)])
 def test_short_jobs_prefetch_up_to_the_batch_or_twice_the_concurrency(
     concurrency: int, cap: int
 ) -> None:
