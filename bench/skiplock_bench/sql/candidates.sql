@@ -47,28 +47,6 @@ RETURNING j.id, j.lease_token, j.status,
           CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
               AS notified;
 
--- name: setup_part_no_finidx
--- complete_part and no finished index on the generations.
-DROP INDEX {schema}.jobs_finished_idx;
-
--- name: complete_part_no_finidx
-UPDATE {schema}.jobs AS j
-SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END,
-    finished_at  = now(),
-    locked_until = NULL,
-    result       = f.result::jsonb,
-    completions  = j.completions + 1
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[], %(parts)s::integer[])
-     AS f(id, token, result, part)
-WHERE j.id = f.id
-  AND j.part = f.part
-  AND j.lease_token = f.token
-  AND j.status = 'running'
-  AND j.part < 1000000
-RETURNING j.id, j.lease_token, j.status,
-          CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
-              AS notified;
-
 -- name: setup_generic
 -- The pick planned once per session: PL/pgSQL's plan cache otherwise finds the generic
 -- plan dearer than the custom ones and plans the pick again at every call.
