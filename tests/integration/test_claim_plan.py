@@ -25,6 +25,13 @@ from skiplock._sql import statements
 BATCH = 70
 
 
+def _claim_params(limit: int, queue: str = "default", start: Any = None) -> dict[str, Any]:
+    """The claim statement's parameters, from the head or from ``start``."""
+    p, r, i = start if start is not None else (None, None, None)
+    params: dict[str, Any] = {"queue": queue, "limit": limit, "worker": "x", "lease": 30.0}
+    return params | {"from_priority": p, "from_run_at": r, "from_id": i, "tasks": None}
+
+
 def pick_buffers(
     dsn: str, schema: str, start: Any = None, limit: int = BATCH, queue: str = "default"
 ) -> tuple[int, str]:
@@ -32,9 +39,7 @@ def pick_buffers(
     claim rolled back).  The pick is a PL/pgSQL function that plans its query when it
     runs, so its buffers hold that planning too: the last of three claims on one
     connection is counted, its catalogs cached by then."""
-    p, r, i = start if start is not None else (None, None, None)
-    params = {"queue": queue, "limit": limit, "worker": "x", "lease": 30.0}
-    params |= {"from_priority": p, "from_run_at": r, "from_id": i, "tasks": None}
+    params = _claim_params(limit, queue, start)
     with psycopg.connect(dsn) as conn:
         for _ in range(3):
             rows = conn.execute(
@@ -172,8 +177,7 @@ def test_the_pick_is_planned_once_per_session_not_at_every_claim(
     # LIMIT looks far dearer than one for LIMIT 10, which is when PL/pgSQL kept
     # planning for each call's values.
     assert queue.upkeep().get("analyzed") == 1
-    params = {"queue": "default", "limit": 10, "worker": "x", "lease": 30.0}
-    params |= {"from_priority": None, "from_run_at": None, "from_id": None, "tasks": None}
+    params = _claim_params(10)
     picks: list[str] = []
     with psycopg.connect(dsn) as conn:
         try:

@@ -47,8 +47,9 @@ RETURNING j.id, j.lease_token, j.status,
           CASE WHEN j.notify_finish THEN pg_notify({channel}, 'finished:' || j.id) END
               AS notified;
 
--- name: setup_generic
--- The pick planned once per session: PL/pgSQL's plan cache otherwise finds the generic
--- plan dearer than the custom ones and plans the pick again at every call.
+-- name: setup_custom
+-- The pick as before migration 0012: PL/pgSQL's plan cache left to choose, which, once a
+-- generation has statistics, plans the pick again at every call (--variants custom,new
+-- prices what 0012 saves).
 ALTER FUNCTION {schema}.claimable(text, bigint, integer, timestamptz, bigint, text[])
-    SET plan_cache_mode = force_generic_plan;
+    RESET plan_cache_mode;

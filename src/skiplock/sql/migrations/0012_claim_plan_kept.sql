@@ -12,8 +12,8 @@
 -- server's CPU, and the generic plan, forced, is the same ordered plan the custom ones
 -- were: a Merge Append of each generation's claimable index, stopped after the batch.
 -- With it forced, the same pgbench drained 1.25 x as fast with synchronous commit and
--- 1.29 x without (medians of three rounds, `python -m skiplock_bench.sqlcmp --variants
--- new,generic`, bench/README.md).
+-- 1.29 x without (medians of three rounds, bench/README.md; on a schema with this
+-- migration, `python -m skiplock_bench.sqlcmp --variants custom,new` undoes it to compare).
 --
 -- Forcing it is safe for the reason 0010 gives: with enable_sort off the only ordered
 -- plan without a sort is the index merge, whatever values or statistics the planner
