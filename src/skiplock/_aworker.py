@@ -128,7 +128,6 @@ class AsyncWorker(WorkerBase):
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
         self._claim_rtt = 0.002
         self._mean_runtime = 1.0
-        self._more = False  # the last claim came back full: more work may wait
         self._held: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._unstarted: deque[Job] = deque()  # held, waiting for a free handler slot
         # The running handlers' tasks; a task leaves when its outcome is handed to the
@@ -434,10 +433,16 @@ class AsyncWorker(WorkerBase):
         while True:
             await self._upkeep_wanted.wait()
             self._upkeep_wanted.clear()
-            try:
-                await self._q.upkeep()
-            except _DB_ERRORS as exc:
-                self._upkeep_failed("upkeep", exc)
+            for _ in range(self.UPKEEP_MAX_STEPS):
+                start = time.monotonic()
+                try:
+                    done = await self._q.upkeep(max_steps=1)
+                except _DB_ERRORS as exc:
+                    self._upkeep_failed("upkeep", exc)
+                    break
+                if not done or "busy" in done:
+                    break
+                await asyncio.sleep(self._upkeep_rest(time.monotonic() - start))
 
     async def _prune(self) -> None:
         assert self._q is not None and self.retention is not None

@@ -189,7 +189,6 @@ class Worker(WorkerBase):
         # both count the same slots free.
         self._claim_lock = threading.Lock()
         self._claim_rtt = 0.002
-        self._more = False
         self._q: Queue | None = None  # claims, sweeps, prunes, releases
         self._wq: Queue | None = None  # fenced writes
         self._hq: Queue | None = None  # heartbeats
@@ -433,12 +432,18 @@ class Worker(WorkerBase):
         while True:
             self._upkeep_wanted.wait()
             self._upkeep_wanted.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self._uq.upkeep()
-            except _DB_ERRORS as exc:
-                self._upkeep_failed("upkeep", exc)
+            for _ in range(self.UPKEEP_MAX_STEPS):
+                if self._stopping.is_set():
+                    return
+                start = time.monotonic()
+                try:
+                    done = self._uq.upkeep(max_steps=1)
+                except _DB_ERRORS as exc:
+                    self._upkeep_failed("upkeep", exc)
+                    break
+                if not done or "busy" in done:
+                    break
+                self._stopping.wait(self._upkeep_rest(time.monotonic() - start))
 
     def _prune(self) -> None:
         assert self._q is not None and self.retention is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import threading
 import time
 import uuid
@@ -556,3 +557,46 @@ def test_a_slow_upkeep_holds_back_no_claim_of_the_async_worker(
             await asyncio.wait_for(runner, 30)
 
     asyncio.run(main())
+
+
+@pytest.mark.usefixtures("rotate_often")
+@pytest.mark.parametrize("busy", [True, False], ids=["busy", "idle"])
+def test_a_busy_worker_paces_its_upkeep_and_an_idle_one_does_not(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    """While the worker's claims come back full, its upkeep rests between steps for
+    (1 / UPKEEP_SHARE - 1) times each step, so that moving a backlog does not compete
+    with the drain flat out; a worker waiting for work moves at once.  The steps are
+    real: a rotation, the move of 1,000 finished jobs, the truncation."""
+    queue.enqueue_many([{}] * 1000)
+    _drain(queue, 1000)
+    calls: list[tuple[float, float, dict[str, int]]] = []
+    real = queue.upkeep
+
+    def timed(**kw: Any) -> dict[str, int]:
+        start = time.monotonic()
+        done = real(**kw)
+        calls.append((start, time.monotonic(), done))
+        return done
+
+    monkeypatch.setattr(queue, "upkeep", timed)
+    monkeypatch.setattr(Worker, "UPKEEP_SHARE", 0.1)  # rest 9 x the step
+    w = Worker(queue, lambda job: None, concurrency=2)
+    w._uq, w._more = queue, busy
+    w._upkeep_wanted.set()
+    t = threading.Thread(target=w._upkeep_loop)
+    t.start()
+    try:
+        wait_until(lambda: bool(calls) and not calls[-1][2], timeout=60, what="upkeep done")
+    finally:
+        w._stopping.set()
+        w._upkeep_wanted.set()
+        t.join(30)
+    steps = [c for c in calls if c[2]]
+    assert {"rotated", "moved", "truncated"} <= {k for c in steps for k in c[2]}, steps
+    took = sum(end - start for start, end, _ in steps)
+    rested = sum(nxt[0] - cur[1] for cur, nxt in itertools.pairwise(calls))
+    if busy:
+        assert rested >= 0.8 * 9 * took, (rested, took)
+    else:
+        assert rested < 3 * took, (rested, took)
