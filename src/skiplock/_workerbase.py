@@ -601,7 +601,6 @@ class WorkerBase:
         worker waits for work (its last claim came back short), more while it drains."""
         return step * (1.0 / self.UPKEEP_SHARE - 1.0) if self._more else 0.0
 
-
     def _upkeep_from(self, now: float) -> None:
         """Schedule upkeep for a claim loop starting at ``now``.
 
