@@ -588,11 +588,12 @@ class WorkerBase:
     # after a sweep and, while this worker's claims come back full, rests after each
     # step for (1 / UPKEEP_SHARE - 1) times what the step took.  Moving finished jobs to
     # their day can wait, the jobs cannot: a step (up to 2,000 jobs moved, 10-30 ms)
-    # holds a server process and adds its WAL to the flush every commit waits for, and a
-    # million-job backlog moved flat out slowed a drain running beside it by 11 to 17%
-    # (bench/README.md, "The upkeep paced").  At a quarter a worker still moves about
-    # 15,000 jobs a second while busy, more than one process finishes, and an idle
-    # worker moves flat out.
+    # holds a server process and adds its WAL to the flush every commit waits for: a
+    # million-job backlog moved flat out held a drain beside it to 0.74-0.78 of a fresh
+    # table's pace, 0.81-0.87 paced (bench/README.md, "The upkeep paced").  At a quarter
+    # a busy worker still moves at least about 16,000 jobs a second (2,000 a step of at
+    # most 30 ms, one every 120 ms), more than one process finishes; an idle worker
+    # moves flat out.
     UPKEEP_SHARE = 0.25
     UPKEEP_MAX_STEPS = 50
 

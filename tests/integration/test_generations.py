@@ -10,6 +10,7 @@ of a populated 0008 schema, with an 0008 worker still running through it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -559,6 +560,22 @@ def test_a_slow_upkeep_holds_back_no_claim_of_the_async_worker(
     asyncio.run(main())
 
 
+Call = tuple[float, float, dict[str, int]]  # (start, end, what the step did)
+
+
+def _judge_pace(calls: list[Call], busy: bool) -> None:
+    """The steps were real, and the upkeep rested 9 x each step (UPKEEP_SHARE 0.1) while
+    busy, and hardly at all while idle."""
+    steps = [c for c in calls if c[2]]
+    assert {"rotated", "moved", "truncated"} <= {k for c in steps for k in c[2]}, steps
+    took = sum(end - start for start, end, _ in steps)
+    rested = sum(nxt[0] - cur[1] for cur, nxt in itertools.pairwise(calls))
+    if busy:
+        assert rested >= 0.8 * 9 * took, (rested, took)
+    else:
+        assert rested < 3 * took, (rested, took)
+
+
 @pytest.mark.usefixtures("rotate_often")
 @pytest.mark.parametrize("busy", [True, False], ids=["busy", "idle"])
 def test_a_busy_worker_paces_its_upkeep_and_an_idle_one_does_not(
@@ -570,7 +587,7 @@ def test_a_busy_worker_paces_its_upkeep_and_an_idle_one_does_not(
     real: a rotation, the move of 1,000 finished jobs, the truncation."""
     queue.enqueue_many([{}] * 1000)
     _drain(queue, 1000)
-    calls: list[tuple[float, float, dict[str, int]]] = []
+    calls: list[Call] = []
     real = queue.upkeep
 
     def timed(**kw: Any) -> dict[str, int]:
@@ -592,11 +609,46 @@ def test_a_busy_worker_paces_its_upkeep_and_an_idle_one_does_not(
         w._stopping.set()
         w._upkeep_wanted.set()
         t.join(30)
-    steps = [c for c in calls if c[2]]
-    assert {"rotated", "moved", "truncated"} <= {k for c in steps for k in c[2]}, steps
-    took = sum(end - start for start, end, _ in steps)
-    rested = sum(nxt[0] - cur[1] for cur, nxt in itertools.pairwise(calls))
-    if busy:
-        assert rested >= 0.8 * 9 * took, (rested, took)
-    else:
-        assert rested < 3 * took, (rested, took)
+    _judge_pace(calls, busy)
+
+
+@pytest.mark.usefixtures("rotate_often")
+@pytest.mark.parametrize("busy", [True, False], ids=["busy", "idle"])
+def test_a_busy_async_worker_paces_its_upkeep_and_an_idle_one_does_not(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    queue.enqueue_many([{}] * 1000)
+    _drain(queue, 1000)
+    calls: list[Call] = []
+    real = AsyncQueue.upkeep
+
+    async def timed(self: AsyncQueue, **kw: Any) -> dict[str, int]:
+        start = time.monotonic()
+        done = await real(self, **kw)
+        calls.append((start, time.monotonic(), done))
+        return done
+
+    monkeypatch.setattr(AsyncQueue, "upkeep", timed)
+    monkeypatch.setattr(AsyncWorker, "UPKEEP_SHARE", 0.1)
+
+    async def handler(job: Job) -> None:
+        pass
+
+    async def main() -> None:
+        async with AsyncQueue(queue.settings.dsn, schema=queue.schema) as aq:
+            w = AsyncWorker(aq, handler, concurrency=2)
+            w._q, w._more, w._upkeep_wanted = aq, busy, asyncio.Event()
+            w._upkeep_wanted.set()
+            task = asyncio.create_task(w._upkeep_loop())
+            try:
+                end = time.monotonic() + 60
+                while not (calls and not calls[-1][2]):
+                    assert time.monotonic() < end, "upkeep not done"
+                    await asyncio.sleep(0.01)
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(main())
+    _judge_pace(calls, busy)
