@@ -23,6 +23,34 @@ from skiplock import Job, Queue, Worker
 from skiplock._base import QueueSettings
 
 
+class Counting:
+    """A no-op handler that sets ``done`` once it has run ``n`` jobs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count = n, 0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def __call__(self, job: Job) -> None:
+        with self.lock:
+            self.count += 1
+            if self.count >= self.n:
+                self.done.set()
+
+
+def timed_drain(w: Worker, counting: Counting) -> float:
+    """Seconds from starting ``w`` until its handler ``counting`` has run all its jobs;
+    the worker is stopped after."""
+    start = time.monotonic()
+    thread = w.start()
+    if not counting.done.wait(600):
+        raise RuntimeError(f"{counting.count} of {counting.n} done in 600 s")
+    secs = time.monotonic() - start
+    w.stop()
+    thread.join(30)
+    return secs
+
+
 def main() -> None:
     mode, n, c = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     if mode == "noprep":
@@ -37,23 +65,8 @@ def main() -> None:
     q = Queue(dsn, schema=schema, max_size=4)
     q.migrate()
     q.enqueue_many([{}] * n)
-    done = threading.Event()
-    count = [0]
-    lock = threading.Lock()
-
-    def handler(job: Job) -> None:
-        with lock:
-            count[0] += 1
-            if count[0] >= n:
-                done.set()
-
-    w = Worker(q, handler, concurrency=c)
-    t0 = time.monotonic()
-    thread = w.start()
-    done.wait(600)
-    secs = time.monotonic() - t0
-    w.stop()
-    thread.join(30)
+    counting = Counting(n)
+    secs = timed_drain(Worker(q, counting, concurrency=c), counting)
     where = skiplock.__file__.split("/src/")[0]
     print(f"{mode} N={n} C={c} {n / secs:,.0f} jobs/s (skiplock from {where})")
     q.close()

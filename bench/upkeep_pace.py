@@ -25,17 +25,16 @@ import math
 import os
 import statistics
 import sys
-import threading
-import time
 from typing import Any
 
 import psycopg
+from drain_once import Counting, timed_drain
 from psycopg import sql
 from skiplock_bench import lib_skiplock, pgbench
 from skiplock_bench.common import DEFAULT_DSN, settle
 from skiplock_bench.server import finish_leftovers
 
-from skiplock import Job, Queue, Worker
+from skiplock import Queue, Worker
 
 N = 20_000
 HISTORY, FRESH = "pace_history", "pace_fresh"
@@ -58,15 +57,7 @@ def drain(dsn: str, schema: str, *, share: float | None) -> float:
     q = Queue(dsn, schema=schema, max_size=4)
     q.enqueue_many([{}] * N)
     settle(dsn)
-    done = threading.Event()
-    count = [0]
-    lock = threading.Lock()
-
-    def handler(job: Job) -> None:
-        with lock:
-            count[0] += 1
-            if count[0] >= N:
-                done.set()
+    counting = Counting(N)
 
     class Measured(Worker):
         UPKEEP_SHARE = Worker.UPKEEP_SHARE if share is None else share
@@ -75,14 +66,7 @@ def drain(dsn: str, schema: str, *, share: float | None) -> float:
             if share is not None:
                 super()._upkeep_loop()
 
-    w = Measured(q, handler, concurrency=8)
-    start = time.monotonic()
-    thread = w.start()
-    if not done.wait(600):
-        raise RuntimeError(f"{count[0]} of {N} done in 600 s")
-    secs = time.monotonic() - start
-    w.stop()
-    thread.join(30)
+    secs = timed_drain(Measured(q, counting, concurrency=8), counting)
     q.close()
     return N / secs
 
