@@ -51,6 +51,18 @@ def moved(dsn: str) -> int:
     return int(row[0]) if row else 0
 
 
+def build_history(dsn: str, schema: str, history: int) -> None:
+    """A fresh schema with ``history`` jobs run to completion by pgbench through
+    skiplock's claim and complete: no worker, so no upkeep has moved or analyzed any."""
+    lib_skiplock.setup(dsn, schema)
+    lib_skiplock.enqueue_bulk(dsn, history, schema=schema)
+    res = pgbench.run(dsn, schema, clients=8, batch=10, transactions=math.ceil(history / 80 * 1.02))
+    print(
+        f"history: {res.done:,} finished by pgbench, {finish_leftovers(dsn, schema)} by SQL",
+        flush=True,
+    )
+
+
 def drain(dsn: str, schema: str, *, share: float | None) -> float:
     """Enqueue N no-op jobs and drain them with one Worker (concurrency 8); jobs/s.
     ``share``: the worker's UPKEEP_SHARE, or None for no upkeep at all."""
@@ -75,15 +87,7 @@ def main() -> None:
     history = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 6
     dsn = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
-    lib_skiplock.setup(dsn, HISTORY)
-    lib_skiplock.enqueue_bulk(dsn, history, schema=HISTORY)
-    res = pgbench.run(
-        dsn, HISTORY, clients=8, batch=10, transactions=math.ceil(history / 80 * 1.02)
-    )
-    print(
-        f"history: {res.done:,} finished by pgbench, {finish_leftovers(dsn, HISTORY)} by SQL",
-        flush=True,
-    )
+    build_history(dsn, HISTORY, history)
     ways: dict[str, float | None] = {"flat": 1.0, "paced": Worker.UPKEEP_SHARE, "off": None}
     ratios: dict[str, list[float]] = {k: [] for k in ways}
     try:
