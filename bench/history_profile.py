@@ -29,7 +29,7 @@ from drain_once import Counting, timed_drain
 from psycopg import sql
 from skiplock_bench import lib_skiplock
 from skiplock_bench.common import DEFAULT_DSN, settle
-from upkeep_pace import build_history
+from upkeep_pace import build_history, drop_schemas
 
 from skiplock import Queue, Worker
 
@@ -159,11 +159,7 @@ def main() -> None:
         for schema in (FRESH, HISTORY):
             explain(dsn, schema)
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for schema in (HISTORY, FRESH):
-                conn.execute(
-                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-                )
+        drop_schemas(dsn, HISTORY, FRESH)
 
 
 if __name__ == "__main__":

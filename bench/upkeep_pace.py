@@ -63,6 +63,12 @@ def build_history(dsn: str, schema: str, history: int) -> None:
     )
 
 
+def drop_schemas(dsn: str, *schemas: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
 def drain(dsn: str, schema: str, *, share: float | None) -> float:
     """Enqueue N no-op jobs and drain them with one Worker (concurrency 8); jobs/s.
     ``share``: the worker's UPKEEP_SHARE, or None for no upkeep at all."""
@@ -108,11 +114,7 @@ def main() -> None:
         for name, (med, each) in summary.items():
             print(f"{name:>5}: history / fresh median {med} of {each}")
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for schema in (HISTORY, FRESH):
-                conn.execute(
-                    sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
-                )
+        drop_schemas(dsn, HISTORY, FRESH)
 
 
 if __name__ == "__main__":
