@@ -40,17 +40,6 @@ N = 20_000
 HISTORY, FRESH = "pace_history", "pace_fresh"
 
 
-def moved(dsn: str) -> int:
-    """History jobs already in a day (part >= 1,000,000)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {}.jobs WHERE part >= 1000000").format(
-                sql.Identifier(HISTORY)
-            )
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def build_history(dsn: str, schema: str, history: int) -> None:
     """A fresh schema with ``history`` jobs run to completion by pgbench through
     skiplock's claim and complete: no worker, so no upkeep has moved or analyzed any."""
@@ -103,9 +92,10 @@ def main() -> None:
                 fresh = drain(dsn, FRESH, share=share)
                 hist = drain(dsn, HISTORY, share=share)
                 ratios[name].append(hist / fresh)
+                moved = lib_skiplock.count_jobs(dsn, HISTORY, "part >= 1000000")  # in a day
                 print(
                     f"round {rnd} {name:>5}: fresh {fresh:,.0f} jobs/s, after the history "
-                    f"{hist:,.0f}, ratio {hist / fresh:.2f}; moved {moved(dsn):,}",
+                    f"{hist:,.0f}, ratio {hist / fresh:.2f}; moved {moved:,}",
                     flush=True,
                 )
         summary: dict[str, Any] = {

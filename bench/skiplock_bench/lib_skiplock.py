@@ -53,6 +53,14 @@ def setup(dsn: str, schema: str = SCHEMA) -> None:
 reset = setup
 
 
+def count_jobs(dsn: str, schema: str, where: str) -> int:
+    """Rows of the schema's ``jobs`` matching ``where``, a fixed SQL condition."""
+    query = sql.SQL("SELECT count(*) FROM {}.jobs WHERE ").format(sql.Identifier(schema))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(query + sql.SQL(where)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def enqueue_bulk(dsn: str, n: int, schema: str = SCHEMA, first: int = 0) -> float:
     """Seconds to add n jobs through enqueue_many (one COPY per CHUNK rows)."""
     payloads = [{"n": first + i} for i in range(n)]

@@ -337,16 +337,6 @@ def _pgbench(dsn: str, script: str, n: int, clients: int, batch: int) -> Callabl
     return run
 
 
-def _done(dsn: str, schema: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {}.jobs WHERE status = 'done'").format(
-                sql.Identifier(schema)
-            )
-        ).fetchone()
-    return int(row[0]) if row else 0
-
-
 def subject_skiplock(
     mon: Monitor, name: str, n: int, concurrency: int, options: dict[str, Any] | None = None
 ) -> list[Phase]:
@@ -365,7 +355,7 @@ def subject_skiplock(
         _drain_worker(mon.dsn, schema, n, concurrency, options or {}, took),
     )
     drain.drain_seconds = took[0]
-    drain.jobs = _done(mon.dsn, schema)
+    drain.jobs = lib_skiplock.count_jobs(mon.dsn, schema, "status = 'done'")
     vac = mon.measure(name, "vacuum", schema, drain.jobs, _vacuum(mon.dsn, schema))
     return [enq, drain, vac]
 
@@ -394,7 +384,7 @@ def subject_skiplock_sql(
     mon.q(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
     script = fused_script(schema, batch) if fused else pgbench.render_script(schema, batch)
     drain = mon.measure(name, "drain", schema, n, _pgbench(mon.dsn, script, n, clients, batch))
-    drain.jobs = _done(mon.dsn, schema)
+    drain.jobs = lib_skiplock.count_jobs(mon.dsn, schema, "status = 'done'")
     vac = mon.measure(name, "vacuum", schema, drain.jobs, _vacuum(mon.dsn, schema))
     return [drain, vac]
 
@@ -412,7 +402,7 @@ def subject_plain(mon: Monitor, n: int, clients: int, batch: int) -> list[Phase]
     mon.q(sql.SQL("ANALYZE {}.jobs").format(sql.Identifier(schema)))
     script = pgbench.plain_script(schema, batch)
     drain = mon.measure(name, "drain", schema, n, _pgbench(mon.dsn, script, n, clients, batch))
-    drain.jobs = _done(mon.dsn, schema)
+    drain.jobs = lib_skiplock.count_jobs(mon.dsn, schema, "status = 'done'")
     vac = mon.measure(name, "vacuum", schema, drain.jobs, _vacuum(mon.dsn, schema))
     return [enq, drain, vac]
 

@@ -660,7 +660,7 @@ class Kind:
     def finished(self) -> int:
         if self.proto:
             return _finished(self.dsn, self.schema)
-        return perjob._done(self.dsn, self.schema)
+        return lib_skiplock.count_jobs(self.dsn, self.schema, "status = 'done'")
 
     def backlog(self, conn: psycopg.Connection[Any]) -> int:
         s = sql.Identifier(self.schema)
