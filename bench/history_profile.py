@@ -55,13 +55,11 @@ class Timings:
             return claim_op(q, *args, **kw)
 
         def timed_claim(q: Queue, **kw: Any) -> Any:
-            jobs = self._time(q, "claim", kw.get("start") is None, lambda: claim(q, **kw))
-            return jobs
+            return self._time(q, "claim", kw.get("start") is None, lambda: claim(q, **kw))
 
         def timed_fused(q: Queue, items: Any, op: Any, **kw: Any) -> Any:
             head = bool(getattr(local, "head", False))
-            res = self._time(q, "fused", head, lambda: fused(q, items, op, **kw))
-            return res
+            return self._time(q, "fused", head, lambda: fused(q, items, op, **kw))
 
         Queue._claim_op = timed_claim_op  # type: ignore[method-assign]
         Queue.claim = timed_claim  # type: ignore[method-assign]
