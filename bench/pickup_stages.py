@@ -1,9 +1,9 @@
 """Where an idle worker's pickup time goes, stage by stage.
 
-``python bench/pickup_stages.py [SAMPLES]`` (default 300): one ``Worker`` (concurrency 8,
-LISTEN on) in this process, idle; one job at a time is enqueued 10-30 ms after the
-previous one started, as ``bench/run``'s pickup section does.  For each job, on this
-process's one monotonic clock:
+``python bench/pickup_stages.py [SAMPLES] [ROUNDS]`` (defaults 300, 1): one ``Worker``
+(concurrency 8, LISTEN on) in this process, idle; one job at a time is enqueued 10-30 ms
+after the previous one started, as ``bench/run``'s pickup section does.  Each round
+starts a new worker.  For each job, on this process's one monotonic clock:
 
 - ``enqueue call``: the producer's ``enqueue()`` (its commit is the floor of the pickup);
 - ``notify``: when a second listener on the same channel, a connection of its own in a
@@ -12,7 +12,11 @@ process's one monotonic clock:
   the enqueue call's return, and how long it took (the worker's ``claim_seconds``);
 - ``to handler``: from the claim's return to the handler's first line;
 - ``pickup - floor``: from the enqueue call's return to the handler's first line, the
-  figure issue 19 bounds at 0.5 ms (p50) and 2 ms (p99).
+  figure issue 19 bounds at 0.5 ms (p50) and 2 ms (p99);
+- ``pickup``: from the enqueue call to the handler's first line.
+
+With more than one round, the medians of the rounds' p50s follow.
+``bench/pickup_slow_flush.py`` runs this on a cluster whose WAL flush is made slower.
 
 The DSN is $SKIPLOCK_BENCH_DSN or the local server; a schema of its own is dropped after.
 Percentiles are the bench's nearest-rank ones (``skiplock_bench.common.percentile``).
@@ -38,10 +42,33 @@ from skiplock._sql import channel_name
 
 def main() -> None:
     samples = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     dsn = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
     schema = f"pickup_{uuid.uuid4().hex[:8]}"
     q = Queue(dsn, schema=schema, max_size=2)
     q.migrate()
+    p50s: list[dict[str, float]] = []
+    try:
+        for rnd in range(rounds):
+            rows = one_round(q, dsn, schema, samples)
+            print(f"round {rnd + 1}: {len(rows)} samples, ms (p50 / p99 / mean)")
+            p50s.append({})
+            for key in rows[0]:
+                xs = [r[key] * 1000 for r in rows if r[key] == r[key]]
+                p50, p99, mean = percentile(xs, 50), percentile(xs, 99), statistics.fmean(xs)
+                p50s[-1][key] = p50
+                print(f"  {key:<15} {p50:6.2f} / {p99:6.2f} / {mean:6.2f}")
+    finally:
+        q.close()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    if rounds > 1:
+        print("medians of the rounds' p50s, ms")
+        for key in p50s[0]:
+            print(f"  {key:<15} {statistics.median(r[key] for r in p50s):6.2f}")
+
+
+def one_round(q: Queue, dsn: str, schema: str, samples: int) -> list[dict[str, float]]:
     lock = threading.Lock()
     notified: list[float] = []
     claims: list[tuple[float, float]] = []  # (when it returned, seconds)
@@ -72,7 +99,8 @@ def main() -> None:
                 claims.append((t, value))
 
     listening = threading.Event()
-    threading.Thread(target=listen, daemon=True).start()
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
     listening.wait(10)
     w = Worker(q, handler, concurrency=8, on_measure=on_measure)
     thread = w.start()
@@ -103,20 +131,15 @@ def main() -> None:
                 "claim": secs,
                 "to handler": th - landed,
                 "pickup - floor": th - t1,
+                "pickup": th - t0,
             }
         )
         time.sleep(random.uniform(0.01, 0.03))
     w.stop()
     thread.join(30)
     stop.set()
-    q.close()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    print(f"{len(rows)} samples, ms (p50 / p99 / mean)")
-    for key in rows[0]:
-        xs = [r[key] * 1000 for r in rows if r[key] == r[key]]
-        p50, p99, mean = percentile(xs, 50), percentile(xs, 99), statistics.fmean(xs)
-        print(f"  {key:<15} {p50:6.2f} / {p99:6.2f} / {mean:6.2f}")
+    listener.join(5)  # before its server goes (pickup_slow_flush stops it next)
+    return rows
 
 
 if __name__ == "__main__":

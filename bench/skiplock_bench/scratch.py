@@ -45,12 +45,16 @@ def _as_postgres(cmd: list[str]) -> list[str]:
 
 @contextlib.contextmanager
 def cluster(
-    settings: dict[str, str] | None = None, info: dict[str, Path] | None = None
+    settings: dict[str, str] | None = None,
+    info: dict[str, Path] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """Start a fresh cluster on a free port; yields its DSN; stops and removes it after.
 
     ``info``, if given, is filled with the cluster's ``root``, ``data`` and server
-    ``log`` paths (the stalls harness reads the log: checkpoints, slow statements)."""
+    ``log`` paths (the stalls harness reads the log: checkpoints, slow statements).
+    ``env``: more environment for the server (``bench/pickup_slow_flush.py`` preloads a
+    library that makes each WAL flush slower)."""
     bindir = _bindir()
     root = Path(tempfile.mkdtemp(prefix="skiplock-bench-scratch-"))
     data = root / "data"
@@ -95,6 +99,7 @@ def cluster(
             ),
             check=True,
             capture_output=True,
+            env=None if env is None else os.environ | env,
         )
         dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         log(f"scratch cluster {bindir.parent.name} on port {port} ({root})")
