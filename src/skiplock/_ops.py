@@ -65,19 +65,29 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 
+# One encoder for every payload (encode() keeps no state between calls): json.dumps
+# with options builds a new one at each call.  With the two shortcuts below, a small
+# payload is checked and encoded in 1.4 µs instead of 2.6 (timeit), and encoding was a
+# third of enqueue_many's time for 20,000 small payloads (cProfile).
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
 
 def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Serialise ``payload`` to JSON text, or raise PayloadError before anything is sent."""
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"payload is not JSON-serialisable: {exc}") from None
     except RecursionError:
         raise PayloadError("payload is nested too deeply to serialise as JSON") from None
-    if _JSON_NUL.search(text):
+    # The substring test first: the regex (an escaped NUL, not an escaped backslash
+    # before "u0000") runs only on text that could match.
+    if "\\u0000" in text and _JSON_NUL.search(text):
         raise PayloadError("payload contains a NUL character (\\u0000), which jsonb cannot store")
     try:
-        size = len(text.encode("utf-8"))
+        # ASCII text is as many bytes as characters; anything else is encoded, which
+        # also finds a lone surrogate.
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         # A lone surrogate (from a bad decode, say) has no UTF-8 form to send.
         bad = exc.object[exc.start : exc.end]
