@@ -15,7 +15,6 @@ and removed after.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -62,9 +61,7 @@ def main() -> None:
             env = {} if us == 0 else {"LD_PRELOAD": str(lib), "SKIPLOCK_SLOW_FLUSH_US": str(us)}
             print(f"== WAL flush + {us} us")
             with scratch.cluster(env=env) as dsn:
-                os.environ["SKIPLOCK_BENCH_DSN"] = dsn
-                sys.argv = [sys.argv[0], "200", "4"]
-                pickup_stages.main()
+                pickup_stages.run(dsn, samples=200, rounds=4)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

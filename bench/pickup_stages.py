@@ -43,7 +43,11 @@ from skiplock._sql import channel_name
 def main() -> None:
     samples = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-    dsn = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
+    run(os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN), samples, rounds)
+
+
+def run(dsn: str, samples: int, rounds: int) -> None:
+    """Print every stage of ``rounds`` rounds of ``samples`` pickups on ``dsn``."""
     schema = f"pickup_{uuid.uuid4().hex[:8]}"
     q = Queue(dsn, schema=schema, max_size=2)
     q.migrate()
