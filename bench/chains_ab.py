@@ -1,0 +1,126 @@
+"""Alternate drains of one process in several shapes and print each shape's median.
+
+``python bench/chains_ab.py N ROUNDS SHAPE[,SHAPE...]``: every round drains N no-op
+jobs once per shape, the order reversed every other round, each on a schema of its own
+(dropped after).  What bounds one process (bench/README.md, "One process's bound"):
+
+- ``one8``: one ``Worker`` of concurrency 8 (the reference: put it first);
+- ``two4`` / ``two8``: two ``Worker``s of 4 / of 8 on one ``Queue``, one interpreter:
+  two claim-and-write chains in one process;
+- ``async-one8`` / ``async-two4``: the same with ``AsyncWorker``s on one event loop;
+- ``nofin`` / ``nofin-norun``: one ``Worker`` of 8 with ``jobs_finished_idx`` (and
+  ``jobs_running_leases_idx``) dropped after the migration: what the index entries cost;
+- ``share=X``: one ``Worker`` of 8 whose ``UPKEEP_SHARE`` is X (shipped: 0.25).
+
+The DSN is $SKIPLOCK_BENCH_DSN or the local server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import time
+import uuid
+
+import psycopg
+from drain_once import Counting
+from psycopg import sql
+
+from skiplock import AsyncWorker, Job, Queue, Worker
+
+DSN = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+THREADED = {"one8": (1, 8), "two4": (2, 4), "two8": (2, 8)}
+ASYNC = {"async-one8": (1, 8), "async-two4": (2, 4)}
+DROPS = {
+    "nofin": ["jobs_finished_idx"],
+    "nofin-norun": ["jobs_finished_idx", "jobs_running_leases_idx"],
+}
+
+
+def threaded(q: Queue, n: int, k: int, c: int, share: float | None = None) -> float:
+    """Seconds for ``k`` Workers of concurrency ``c`` to run ``n`` jobs together."""
+    counting = Counting(n)
+    workers = [Worker(q, counting, concurrency=c) for _ in range(k)]
+    for w in workers:
+        if share is not None:
+            w.UPKEEP_SHARE = share
+    start = time.monotonic()
+    threads = [w.start() for w in workers]
+    if not counting.done.wait(600):
+        raise RuntimeError(f"{counting.count} of {n} done in 600 s")
+    secs = time.monotonic() - start
+    for w in workers:
+        w.stop()
+    for t in threads:
+        t.join(30)
+    return secs
+
+
+async def on_one_loop(q: Queue, n: int, k: int, c: int) -> float:
+    """Seconds for ``k`` AsyncWorkers of concurrency ``c`` on this loop to run ``n`` jobs."""
+    done, count = asyncio.Event(), [0]
+
+    async def handler(job: Job) -> None:
+        count[0] += 1
+        if count[0] >= n:
+            done.set()
+
+    workers = [AsyncWorker(q, handler, concurrency=c) for _ in range(k)]
+    start = time.monotonic()
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    await asyncio.wait_for(done.wait(), 600)
+    secs = time.monotonic() - start
+    for w in workers:
+        w.stop()
+    await asyncio.gather(*tasks)
+    return secs
+
+
+def drain(shape: str, n: int) -> float:
+    """Jobs/s of one drain of ``n`` no-op jobs in ``shape``."""
+    schema = f"chains_{uuid.uuid4().hex[:8]}"
+    q = Queue(DSN, schema=schema, max_size=6)
+    q.migrate()
+    try:
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            for index in DROPS.get(shape, []):
+                conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
+        q.enqueue_many([{}] * n)
+        if shape in ASYNC:
+            secs = asyncio.run(on_one_loop(q, n, *ASYNC[shape]))
+        elif shape.startswith("share="):
+            secs = threaded(q, n, 1, 8, share=float(shape.removeprefix("share=")))
+        else:
+            secs = threaded(q, n, *THREADED.get(shape, (1, 8)))
+    finally:
+        q.close()
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    return n / secs
+
+
+def main() -> None:
+    n, rounds, shapes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+    known = {*THREADED, *ASYNC, *DROPS}
+    for shape in shapes:
+        if shape not in known and not shape.startswith("share="):
+            raise SystemExit(f"unknown shape {shape!r}: one of {sorted(known)} or share=X")
+    rates: dict[str, list[float]] = {s: [] for s in shapes}
+    for r in range(rounds):
+        for shape in shapes if r % 2 == 0 else shapes[::-1]:
+            rates[shape].append(drain(shape, n))
+            print(f"round {r + 1} {shape}: {rates[shape][-1]:,.0f} jobs/s", flush=True)
+    first = statistics.median(rates[shapes[0]])
+    for shape in shapes:
+        med = statistics.median(rates[shape])
+        per_round = ", ".join(
+            f"{a / b:.2f}" for a, b in zip(rates[shape], rates[shapes[0]], strict=True)
+        )
+        ratio = f"{med / first:.2f} x {shapes[0]}"
+        print(f"{shape}: median {med:,.0f} jobs/s, {ratio} (per round {per_round})")
+
+
+if __name__ == "__main__":
+    main()
