@@ -42,7 +42,7 @@ DROPS = {
 def threaded(q: Queue, n: int, k: int, c: int, share: float | None = None) -> float:
     """Seconds for ``k`` Workers of concurrency ``c`` to run ``n`` jobs together."""
     counting = Counting(n)
-    workers = [Worker(q, counting, concurrency=c) for _ in range(k)]
+    workers = [Worker(q, counting, concurrency=c, name=f"chain-{i}") for i in range(k)]
     for w in workers:
         if share is not None:
             w.UPKEEP_SHARE = share
@@ -67,7 +67,7 @@ async def on_one_loop(q: Queue, n: int, k: int, c: int) -> float:
         if count[0] >= n:
             done.set()
 
-    workers = [AsyncWorker(q, handler, concurrency=c) for _ in range(k)]
+    workers = [AsyncWorker(q, handler, concurrency=c, name=f"chain-{i}") for i in range(k)]
     start = time.monotonic()
     tasks = [asyncio.create_task(w.run()) for w in workers]
     await asyncio.wait_for(done.wait(), 600)
@@ -94,6 +94,16 @@ def drain(shape: str, n: int) -> float:
             secs = threaded(q, n, 1, 8, share=float(shape.removeprefix("share=")))
         else:
             secs = threaded(q, n, *THREADED.get(shape, (1, 8)))
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            # Every job done once: a job run twice would reach N handler calls early.
+            done, twice = conn.execute(
+                sql.SQL(
+                    "SELECT count(*) FILTER (WHERE status = 'done'), "
+                    "count(*) FILTER (WHERE attempts > 1 OR completions > 1) FROM {}.jobs"
+                ).format(sql.Identifier(schema))
+            ).fetchone() or (0, 0)
+        if done != n or twice:
+            raise RuntimeError(f"{shape}: {done} of {n} done, {twice} run more than once")
     finally:
         q.close()
         with psycopg.connect(DSN, autocommit=True) as conn:
