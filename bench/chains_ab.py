@@ -10,7 +10,9 @@ jobs once per shape, the order reversed every other round, each on a schema of i
 - ``async-one8`` / ``async-two4``: the same with ``AsyncWorker``s on one event loop;
 - ``nofin`` / ``nofin-norun``: one ``Worker`` of 8 with ``jobs_finished_idx`` (and
   ``jobs_running_leases_idx``) dropped after the migration: what the index entries cost;
-- ``share=X``: one ``Worker`` of 8 whose ``UPKEEP_SHARE`` is X (shipped: 0.25).
+- ``share=X``: one ``Worker`` of 8 whose ``UPKEEP_SHARE`` is X (shipped: 0.25);
+- ``chains=K``: one ``Worker`` of 8 running K claim-and-write chains (``chains=K``;
+  ``one8`` is the default, 2 since December 2026).
 
 The DSN is $SKIPLOCK_BENCH_DSN or the local server.
 """
@@ -39,10 +41,14 @@ DROPS = {
 }
 
 
-def threaded(q: Queue, n: int, k: int, c: int, share: float | None = None) -> float:
+def threaded(
+    q: Queue, n: int, k: int, c: int, share: float | None = None, chains: int | None = None
+) -> float:
     """Seconds for ``k`` Workers of concurrency ``c`` to run ``n`` jobs together."""
     counting = Counting(n)
-    workers = [Worker(q, counting, concurrency=c, name=f"chain-{i}") for i in range(k)]
+    workers = [
+        Worker(q, counting, concurrency=c, name=f"chain-{i}", chains=chains) for i in range(k)
+    ]
     for w in workers:
         if share is not None:
             w.UPKEEP_SHARE = share
@@ -92,6 +98,8 @@ def drain(shape: str, n: int) -> float:
             secs = asyncio.run(on_one_loop(q, n, *ASYNC[shape]))
         elif shape.startswith("share="):
             secs = threaded(q, n, 1, 8, share=float(shape.removeprefix("share=")))
+        elif shape.startswith("chains="):
+            secs = threaded(q, n, 1, 8, chains=int(shape.removeprefix("chains=")))
         else:
             secs = threaded(q, n, *THREADED.get(shape, (1, 8)))
         with psycopg.connect(DSN, autocommit=True) as conn:
@@ -115,8 +123,10 @@ def main() -> None:
     n, rounds, shapes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
     known = {*THREADED, *ASYNC, *DROPS}
     for shape in shapes:
-        if shape not in known and not shape.startswith("share="):
-            raise SystemExit(f"unknown shape {shape!r}: one of {sorted(known)} or share=X")
+        if shape not in known and not shape.startswith(("share=", "chains=")):
+            raise SystemExit(
+                f"unknown shape {shape!r}: one of {sorted(known)}, share=X or chains=K"
+            )
     rates: dict[str, list[float]] = {s: [] for s in shapes}
     for r in range(rounds):
         for shape in shapes if r % 2 == 0 else shapes[::-1]:

@@ -4,13 +4,22 @@ Threads and their one job each:
 
 - the caller's thread runs the claim loop: claim up to free capacity, hand jobs to the
   handler pool, reap handlers past their timeout, sweep expired leases now and then;
-- the writer thread turns handler outcomes into fenced writes, batched (all the
-  completions that piled up go in one statement);
+- a writer thread per chain turns handler outcomes into fenced writes, batched (all the
+  completions that piled up go in one statement), and claims the slots they free in
+  the same transaction;
 - the heartbeat thread extends the lease of every job this worker holds, in one
   statement, on a connection of its own: a slow or failing write never delays a
   heartbeat past the lease, and a failed heartbeat is retried at once;
 - the listener thread LISTENs for enqueue notifications and wakes the claim loop;
 - the handler threads run user code.
+
+A *chain* is one claim-and-write path: a writer, its connection, its own claim cursor,
+and the jobs it claimed, which it alone completes.  Its client work (Python, the
+driver) and its server work run one after the other, so one chain keeps at most one
+core busy at a time; with two chains, one's server time overlaps the other's Python,
+and short jobs drain 1.2-1.3x faster in one process (docs/architecture.md, "What
+bounds one process").  The handler pool, heartbeats, liveness mark, listener and
+upkeep stay one per worker.
 
 Nothing here holds a transaction open while a handler runs: the claim commits, the
 lease is the only claim a worker keeps, and the lease token guards every write.
@@ -35,7 +44,8 @@ import psycopg
 from psycopg import sql
 
 from ._base import backoff, unavailable
-from ._errors import SkiplockError
+from ._cursor import ClaimCursor
+from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Attempt, Job
 from ._lane import Lane
@@ -50,6 +60,38 @@ __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 logger = logging.getLogger("skiplock.worker")
 
 _DB_ERRORS = (psycopg.Error, SkiplockError)
+
+
+class _Chain:
+    """One claim-and-write path of a Worker: its writer's connection and outcomes, its
+    claim cursor, and the jobs it holds (claimed by it, not yet written back).
+
+    A job is written by the chain that claimed it, so each chain's fused transaction
+    completes its own batch and claims the slots that batch frees; the chains never
+    wait for each other.  Its size is its share of the handlers plus its own prefetch,
+    as a worker of that concurrency would have (half-sized batches cost the server more
+    per job: docs/architecture.md, "What bounds one process").
+    """
+
+    def __init__(self, index: int, share: int, fixed_prefetch: int | None, cursor: ClaimCursor):
+        self.index = index
+        self.share = share  # handlers this chain's jobs are counted against
+        self.fixed_prefetch = fixed_prefetch
+        self.cursor = cursor
+        self.wq: Queue | None = None  # fenced writes, and the claims fused with them
+        # Outcomes for this chain's writer; None stops it.
+        self.results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
+        # Held by whoever claims for this chain (the claim loop, or its writer), from
+        # counting its free slots to registering the jobs: two claims at once would
+        # both count the same slots free.
+        self.lock = threading.Lock()
+        self.held = 0  # under the worker's _inflight_lock
+        self.more = False  # its last claim came back full: more work may wait
+
+
+def _split(total: int, parts: int, index: int) -> int:
+    """Part ``index`` of ``total`` split into ``parts`` as evenly as integers allow."""
+    return total // parts + (1 if index < total % parts else 0)
 
 
 class Worker(WorkerBase):
@@ -129,6 +171,14 @@ class Worker(WorkerBase):
         Claim only jobs of these task names (``App.worker`` passes the app's tasks);
         None, the default, claims every job of the queues.  A job of a task the
         worker does not know is left pending, uncharged, for a worker that knows it.
+    chains
+        Claim-and-write paths, each with a writer thread and a connection of its own,
+        its share of the handlers and its own prefetch (at most ``concurrency``).
+        Default: 2 with ``fuse_claims`` and ``concurrency`` of 4 or more, else 1.  One
+        chain runs its Python and its database round trips one after the other, so it
+        keeps about one core busy; a second overlaps them, about 1.2-1.3x the drain rate
+        of short jobs in one process, for one more connection
+        (``skiplock worker --chains``; docs/architecture.md, "Two chains").
     """
 
     def __init__(
@@ -157,6 +207,7 @@ class Worker(WorkerBase):
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
         fuse_claims: bool = True,
+        chains: int | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -184,13 +235,25 @@ class Worker(WorkerBase):
         )
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
-        # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
-        # counting the free slots to registering the jobs: two claims at once would
-        # both count the same slots free.
-        self._claim_lock = threading.Lock()
+        if chains is None:
+            chains = 2 if fuse_claims and concurrency >= 4 else 1
+        if not 1 <= chains <= concurrency:
+            raise ConfigError(f"chains must be 1 to concurrency ({concurrency}), not {chains!r}")
+        fixed = self._fixed_prefetch
+        self._chains = [
+            _Chain(
+                i,
+                _split(concurrency, chains, i),
+                None if fixed is None else _split(fixed, chains, i),
+                self._cursor if i == 0 else ClaimCursor(),
+            )
+            for i in range(chains)
+        ]
+        self._cursors = [chain.cursor for chain in self._chains]
+        # The chain that claimed each job held, and writes its outcome.
+        self._chain_of: dict[Attempt, _Chain] = {}
         self._claim_rtt = 0.002
-        self._q: Queue | None = None  # claims, sweeps, prunes, releases
-        self._wq: Queue | None = None  # fenced writes
+        self._q: Queue | None = None  # the claim loop's claims, sweeps, prunes, releases
         self._hq: Queue | None = None  # heartbeats
         self._uq: Queue | None = None  # the generations' upkeep
         self._upkeep_wanted = threading.Event()  # set by each sweep, and to stop
@@ -209,19 +272,45 @@ class Worker(WorkerBase):
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
         self._wake = threading.Event()
-        # Outcomes for the writer; None stops it.
-        self._results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
         self._inflight: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
         self._pool: HandlerPool | None = None
+        self._writers: list[threading.Thread] = []
         self._threads: list[threading.Thread] = []
         self._running = False
 
     @property
+    def chains(self) -> int:
+        """Claim-and-write paths this worker runs (see the class's ``chains``)."""
+        return len(self._chains)
+
+    @property
     def prefetch(self) -> int:
-        """Jobs claimed beyond ``concurrency`` right now."""
+        """Jobs claimed beyond ``concurrency`` right now, all chains together."""
+        return sum(self._prefetch_of(chain) for chain in self._chains)
+
+    def _prefetch_of(self, chain: _Chain) -> int:
         runtime = self._pool.mean_runtime if self._pool is not None else 1.0
-        return self.adaptive_prefetch(self._fixed_prefetch, runtime, self._claim_rtt)
+        return self.adaptive_prefetch(chain.fixed_prefetch, runtime, self._claim_rtt, chain.share)
+
+    def _free(self, chain: _Chain) -> int:
+        """Jobs ``chain`` may claim now: its share and prefetch, less what it holds."""
+        with self._inflight_lock:
+            held = chain.held
+        return chain.share + self._prefetch_of(chain) - held
+
+    def _refill(self, chain: _Chain) -> int:
+        # Once a claim came back full (more work waiting), refill in batches of at
+        # least half the chain: one claim per finished job would be a round trip per job.
+        return max(1, (chain.share + self._prefetch_of(chain)) // 2)
+
+    def _refill_due(self, chain: _Chain) -> bool:
+        """More work is known to wait for ``chain`` and a refill batch fits."""
+        return chain.more and self._free(chain) >= self._refill(chain)
+
+    def _set_more(self, chain: _Chain, more: bool) -> None:
+        chain.more = more
+        self._more = any(c.more for c in self._chains)
 
     # -- public control ------------------------------------------------------------------
 
@@ -254,7 +343,8 @@ class Worker(WorkerBase):
             self._running = False
             raise unavailable(exc, s, "worker start") from None
         self._q = self._lane_queue("claims")
-        self._wq = self._lane_queue("writes")
+        for chain in self._chains:
+            chain.wq = self._lane_queue("writes" if chain.index == 0 else f"writes {chain.index}")
         self._hq = self._lane_queue("heartbeats")
         self._uq = self._lane_queue("upkeep")
         self._pool = HandlerPool(
@@ -264,7 +354,8 @@ class Worker(WorkerBase):
             self.timeout_for,
             name=f"skiplock-{self.name}",
         )
-        self._start_thread(self._writer_loop, "writer")
+        for chain in self._chains:
+            self._start_writer(chain)
         self._start_thread(self._heartbeat_loop, "heartbeat")
         self._start_thread(self._upkeep_loop, "upkeep")
         if self.liveness:
@@ -280,11 +371,12 @@ class Worker(WorkerBase):
             )
             self._start_thread(scheduler.run, "periodic")
         logger.info(
-            "worker %s: queues %s, concurrency %d, lease %gs",
+            "worker %s: queues %s, concurrency %d, lease %gs, %d chain(s)",
             self.name,
             ",".join(self.queues),
             self.concurrency,
             self.lease,
+            len(self._chains),
         )
         try:
             self._claim_loop()
@@ -315,6 +407,17 @@ class Worker(WorkerBase):
         self._threads.append(t)
         t.start()
 
+    def _start_writer(self, chain: _Chain) -> None:
+        role = "writer" if chain.index == 0 else f"writer-{chain.index}"
+        t = threading.Thread(
+            target=self._writer_loop,
+            args=(chain,),
+            name=f"skiplock-{self.name}-{role}",
+            daemon=True,
+        )
+        self._writers.append(t)
+        t.start()
+
     def _claim_loop(self) -> None:
         assert self._q is not None and self._pool is not None
         self._upkeep_from(time.monotonic())
@@ -322,21 +425,22 @@ class Worker(WorkerBase):
         while not self._stopping.is_set():
             now = time.monotonic()
             for job in self._pool.reap(now):
-                self._results.put((job, self._timed_out(job, self.timeout_for(job))))
+                self._result(job, self._timed_out(job, self.timeout_for(job)))
             if self._sweep_due(now):
                 self._sweep()
             if self._prune_due(now):
                 self._prune()
-            free = self.capacity - self._held()
-            if free > 0 and (not self._more or free >= self._refill_batch):
-                try:
-                    self._more = self._claim_some(free)
-                    trouble.ok()
-                except _DB_ERRORS as exc:
-                    failures = trouble.failed(exc)
-                    self.stats.add(db_errors=1)
-                    self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
-                    continue
+            try:
+                for chain in self._chains:
+                    free = self._free(chain)
+                    if free > 0 and (not chain.more or free >= self._refill(chain)):
+                        self._set_more(chain, self._claim_some(free, chain))
+                trouble.ok()
+            except _DB_ERRORS as exc:
+                failures = trouble.failed(exc)
+                self.stats.add(db_errors=1)
+                self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
+                continue
             if self._say_waiting(now):
                 continue  # claim again now that producers notify us
             self._wait_for_work()
@@ -360,39 +464,41 @@ class Worker(WorkerBase):
         shortest = self.shortest_timeout
         if shortest is not None:
             timeout = min(timeout, max(shortest / 4, 0.05))
-        if self._more and self.capacity - self._held() >= self._refill_batch:
+        if any(self._refill_due(chain) for chain in self._chains):
             return  # more work is waiting and a batch fits: claim again at once
         now = time.monotonic()
         self._wake.wait(self._until_upkeep(self._look_again_in(timeout, now), now))
         self._wake.clear()
 
-    def _claim_some(self, free: int) -> bool:
-        """Claim up to ``free`` jobs across the queues; True if a queue may hold more."""
+    def _claim_some(self, free: int, chain: _Chain) -> bool:
+        """Claim up to ``free`` jobs across the queues for ``chain``; True if a queue
+        may hold more."""
         assert self._q is not None and self._pool is not None
-        with self._claim_lock:
-            return self._claim_some_locked(min(free, self.capacity - self._held()))
+        with chain.lock:
+            free = min(free, self._free(chain))
+            more = False
+            for name in self._queue_order():
+                if free <= 0 or self._stopping.is_set():
+                    break
+                claim = self._claim_round(name, free, chain.cursor)
+                jobs = self._q.claim(**self._claim_args(claim))
+                rtt = self._claim_landed(claim, jobs)
+                self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
+                self._take(name, jobs, claim.began, rtt, chain)
+                more = more or len(jobs) == free
+                free -= len(jobs)
+            return more
 
-    def _claim_some_locked(self, free: int) -> bool:
-        assert self._q is not None and self._pool is not None
-        more = False
-        for name in self._queue_order():
-            if free <= 0 or self._stopping.is_set():
-                break
-            claim = self._claim_round(name, free)
-            jobs = self._q.claim(**self._claim_args(claim))
-            rtt = self._claim_landed(claim, jobs)
-            self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
-            self._take(name, jobs, claim.began, rtt)
-            more = more or len(jobs) == free
-            free -= len(jobs)
-        return more
-
-    def _take(self, name: str, jobs: Sequence[Job], began: float, rtt: float) -> None:
-        """Hold and start the jobs a claim sent at ``began`` returned."""
+    def _take(
+        self, name: str, jobs: Sequence[Job], began: float, rtt: float, chain: _Chain
+    ) -> None:
+        """Hold and start the jobs a claim for ``chain`` sent at ``began`` returned."""
         assert self._pool is not None
         with self._inflight_lock:
+            chain.held += len(jobs)
             for job in jobs:
                 self._inflight[job.attempt] = job
+                self._chain_of[job.attempt] = chain
                 # The lease ends at claim time + lease on the server's clock; the
                 # moment we sent the claim is the earliest that can be.
                 self._deadline[job.attempt] = began + self.lease
@@ -462,37 +568,48 @@ class Worker(WorkerBase):
 
     def _handler_done(self, job: Job, outcome: Outcome) -> None:
         # The slot frees when the writer has written the outcome (_forget), not now.
-        self._results.put((job, outcome))
+        self._result(job, outcome)
 
-    def _held(self) -> int:
-        """Jobs this worker holds a lease on: queued, running, or awaiting their write.
+    def _result(self, job: Job, outcome: Outcome) -> None:
+        """Hand an outcome to the writer of the chain that claimed the job.
 
-        Capacity is counted on these, not on busy handler threads: otherwise a writer
-        that lags (a slow or unreachable database) lets the claim loop take ever more
-        jobs whose outcomes pile up unwritten, in ever larger batches, until their
-        leases run out under a live worker.
+        Capacity is counted on the jobs a chain holds until their outcome is written,
+        not on busy handler threads: otherwise a writer that lags (a slow or
+        unreachable database) lets the claims take ever more jobs whose outcomes pile
+        up unwritten, in ever larger batches, until their leases run out under a live
+        worker.
         """
-        with self._inflight_lock:
-            return len(self._inflight)
+        # A dict read is atomic: no lock on the path every job takes.
+        chain = self._chain_of.get(job.attempt, self._chains[0])
+        chain.results.put((job, outcome))
+
+    def _drop_held(self, attempt: Attempt) -> None:
+        """Stop holding ``attempt`` (under ``_inflight_lock``); its chain's writer may
+        still owe its outcome, so the job keeps its chain until ``_forget``."""
+        if self._inflight.pop(attempt, None) is not None:
+            self._chain_of[attempt].held -= 1
+        self._deadline.pop(attempt, None)
+        self._lapsed.discard(attempt)
 
     # -- writer: fenced writes and heartbeats --------------------------------------------
 
-    def _writer_loop(self) -> None:
+    def _writer_loop(self, chain: _Chain) -> None:
         pending: list[tuple[Job, Outcome]] = []
+        results = chain.results
         trouble = Trouble(self.name, "writing results")
         while True:
             failures = trouble.failures
             timeout = backoff(max(failures, 1), base=0.05, cap=self._retry_cap) if pending else 1.0
             stop = False
             try:
-                item = self._results.get(timeout=timeout)
+                item = results.get(timeout=timeout)
                 while True:
                     if item is None:
-                        self._results.put(None)  # seen again on the next round
+                        results.put(None)  # seen again on the next round
                         stop = True
                         break
                     pending.append(item)
-                    item = self._results.get_nowait()
+                    item = results.get_nowait()
             except Empty:
                 pass
             if stop and not pending:
@@ -511,7 +628,7 @@ class Worker(WorkerBase):
                 try:
                     # A batch written again after a failed call may have committed
                     # unseen: the retry must recheck, or it reports "lease lost".
-                    self._write(pending, recheck=failures > 0)
+                    self._write(pending, chain, recheck=failures > 0)
                     pending = []
                     trouble.ok()
                 except Exception as exc:
@@ -520,30 +637,35 @@ class Worker(WorkerBase):
                     trouble.failed(exc, "keeping the results")
                     self.stats.add(db_errors=1)
 
-    def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
+    def _write(
+        self, batch: list[tuple[Job, Outcome]], chain: _Chain, recheck: bool = False
+    ) -> None:
         """One statement for the completions, one for the failures; each fenced per job."""
-        assert self._wq is not None
+        wq = chain.wq
+        assert wq is not None
         done, failed = self.split(batch)
         if done:
             if self.fuse_claims and not self._stopping.is_set():
-                res = self._complete_and_claim(done, recheck)
+                res = self._complete_and_claim(done, chain, recheck)
             else:
-                res = self._wq.complete_many(done, _recheck=recheck)
+                res = wq.complete_many(done, _recheck=recheck)
             self.completed(done, res)
             self._forget([job for job, _ in done])
             batch[:] = [it for it in batch if it[1].kind != "ok"]  # a retry must not repeat them
         if failed:
-            res = self._wq.fail_many(failed, _recheck=recheck)
+            res = wq.fail_many(failed, _recheck=recheck)
             self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
 
-    def _complete_and_claim(self, done: list[tuple[Job, Any]], recheck: bool) -> FenceResult:
-        """Complete ``done`` and claim the slots it frees, in one pipelined transaction
-        (``Queue._complete_and_claim``; what a failure means is said there)."""
-        assert self._wq is not None
-        wq = self._wq
-        with self._claim_lock:
-            fused = self._fused_round(wq, self.capacity - self._held() + len(done))
+    def _complete_and_claim(
+        self, done: list[tuple[Job, Any]], chain: _Chain, recheck: bool
+    ) -> FenceResult:
+        """Complete ``done`` and claim the slots it frees for ``chain``, in one pipelined
+        transaction (``Queue._complete_and_claim``; what a failure means is said there)."""
+        wq = chain.wq
+        assert wq is not None
+        with chain.lock:
+            fused = self._fused_round(wq, self._free(chain) + len(done), chain.cursor)
             if fused is None:
                 return wq.complete_many(done, _recheck=recheck)
             claim, op = fused
@@ -553,9 +675,9 @@ class Worker(WorkerBase):
                 # Stopped meanwhile: the handler pool may already be draining.
                 self.released(claimed, wq.release_many(claimed))
                 return res
-            self._take(claim.queue, claimed, claim.began, rtt)
-            self._more = len(claimed) == claim.limit
-        if not self._more and self._told_waiting is not True:
+            self._take(claim.queue, claimed, claim.began, rtt, chain)
+            self._set_more(chain, len(claimed) == claim.limit)
+        if not chain.more and self._told_waiting is not True:
             # This claim found the queue dry, not the claim loop's: the loop sleeps while
             # the row says busy (no notifications), so wake it to look and say it waits.
             self._wake.set()
@@ -564,14 +686,12 @@ class Worker(WorkerBase):
     def _forget(self, jobs: Sequence[Job]) -> None:
         with self._inflight_lock:
             for job in jobs:
-                self._inflight.pop(job.attempt, None)
-                self._deadline.pop(job.attempt, None)
-                self._lapsed.discard(job.attempt)
+                self._drop_held(job.attempt)
+                self._chain_of.pop(job.attempt, None)
                 self._writing.discard(job.attempt)
-            held = len(self._inflight)
         # Wake the claim loop only when a refill batch fits and work is known to wait;
         # new work otherwise arrives by NOTIFY or the poll.
-        if self._more and self.capacity - held >= self._refill_batch:
+        if any(self._refill_due(chain) for chain in self._chains):
             self._wake.set()
 
     # -- heartbeats ----------------------------------------------------------------------
@@ -647,9 +767,7 @@ class Worker(WorkerBase):
         with self._inflight_lock:
             for job in jobs:
                 if job.attempt in lost:
-                    self._inflight.pop(job.attempt, None)
-                    self._deadline.pop(job.attempt, None)
-                    self._lapsed.discard(job.attempt)
+                    self._drop_held(job.attempt)
                 elif job.attempt in self._deadline:
                     self._deadline[job.attempt] = sent + self.lease
                     self._lapsed.discard(job.attempt)
@@ -716,15 +834,16 @@ class Worker(WorkerBase):
             left = self._pool.running_jobs()
             self.abandon(left, grace)
             self._forget(left)
-        self._results.put(None)
+        for chain in self._chains:
+            chain.results.put(None)
         self._stopping.set()
         self._upkeep_wanted.set()
-        writer, *others = self._threads
-        writer.join(timeout=max(grace, 1.0) + 5.0)
-        # Leases are kept while the writer still owed results; now they can go.
+        for writer in self._writers:
+            writer.join(timeout=max(grace, 1.0) + 5.0)
+        # Leases are kept while the writers still owed results; now they can go.
         self._beats_done.set()
         self._beat_now.set()
-        for t in others:
+        for t in self._threads:
             t.join(timeout=max(grace, 1.0) + 5.0)
         self._pool.shutdown()
         try:

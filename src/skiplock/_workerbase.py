@@ -189,6 +189,7 @@ class ClaimRound:
     limit: int
     began: float
     start: ClaimPosition | None
+    cursor: ClaimCursor  # whose position it started from, and moves on landing
 
 
 class Trouble:
@@ -326,6 +327,7 @@ class WorkerBase:
         # Each claim starts past the last one (see ClaimCursor: a held xmin or a long
         # unvacuumed history would otherwise cost every claim a visit per dead entry).
         self._cursor = ClaimCursor()
+        self._cursors = [self._cursor]  # a Worker of several chains adds theirs
         self._sweeps = SweepCursor()  # and each sweep looks back past the last one only
         self._on_event = on_event
         self._on_measure = on_measure
@@ -410,10 +412,12 @@ class WorkerBase:
         self._rotation = (self._rotation + 1) % n
         return order
 
-    def _claim_round(self, name: str, limit: int) -> ClaimRound:
-        """A claim of up to ``limit`` jobs of queue ``name``, about to be sent."""
+    def _claim_round(self, name: str, limit: int, cursor: ClaimCursor | None = None) -> ClaimRound:
+        """A claim of up to ``limit`` jobs of queue ``name``, about to be sent, from
+        ``cursor``'s position (a chain's own, in a Worker of several; else the worker's)."""
         began = time.monotonic()
-        return ClaimRound(name, limit, began, self._cursor.start(name, began))
+        cursor = self._cursor if cursor is None else cursor
+        return ClaimRound(name, limit, began, cursor.start(name, began), cursor)
 
     def _claim_args(self, claim: ClaimRound) -> ClaimArgs:
         """The statement's arguments: the same for the claim loop's claims and the
@@ -430,10 +434,12 @@ class WorkerBase:
     def _claim_landed(self, claim: ClaimRound, jobs: Sequence[Job]) -> float:
         """Move the claim cursor past what ``claim`` returned; returns its round trip."""
         rtt = time.monotonic() - claim.began
-        self._cursor.claimed(claim.queue, claim.start, jobs, rtt, claim.began + rtt)
+        claim.cursor.claimed(claim.queue, claim.start, jobs, rtt, claim.began + rtt)
         return rtt
 
-    def _fused_round(self, q: QueueBase, free: int) -> tuple[ClaimRound, MakeOp] | None:
+    def _fused_round(
+        self, q: QueueBase, free: int, cursor: ClaimCursor | None = None
+    ) -> tuple[ClaimRound, MakeOp] | None:
         """The claim a completion batch carries with ``fuse_claims``, for ``free`` slots
         (counting those the batch frees); None if the worker is full: complete alone.
 
@@ -442,7 +448,7 @@ class WorkerBase:
         """
         if free <= 0:
             return None
-        claim = self._claim_round(self._queue_order()[0], free)
+        claim = self._claim_round(self._queue_order()[0], free, cursor)
         return claim, q._claim_op(own_transaction=True, **self._claim_args(claim))
 
     def _claimed(self, name: str, jobs: Sequence[Job], rtt: float) -> None:
@@ -472,9 +478,14 @@ class WorkerBase:
             cap=min(0.25, self.lease / 8),
         )
 
+    def _rewind(self, now: float) -> None:
+        """Send every claim cursor back to the head: swept jobs keep their place."""
+        for cursor in self._cursors:
+            cursor.rewind(now)
+
     def dead_swept(self, n: int) -> None:
         """Count jobs a ``sweep_dead`` gave back (their worker's session had ended)."""
-        self._cursor.rewind(time.monotonic())  # swept jobs keep their place: look back
+        self._rewind(time.monotonic())  # swept jobs keep their place: look back
         self.stats.add(sweeps_recovered=n)
         self._measure("swept", n, None)
         logger.info("worker %s: returned %d job(s) of workers whose session ended", self.name, n)
@@ -508,7 +519,13 @@ class WorkerBase:
     # than a 32nd of a claim's round trip go that deep (see adaptive_prefetch).
     PREFETCH_BATCH = 256
 
-    def adaptive_prefetch(self, fixed: int | None, mean_runtime: float, claim_rtt: float) -> int:
+    def adaptive_prefetch(
+        self,
+        fixed: int | None,
+        mean_runtime: float,
+        claim_rtt: float,
+        concurrency: int | None = None,
+    ) -> int:
         """Jobs to claim beyond ``concurrency``: ``fixed`` if given, else about as many
         as the handlers finish during one claim round trip, up to the larger of
         2 x concurrency and PREFETCH_BATCH.
@@ -518,11 +535,15 @@ class WorkerBase:
         running ones (holding a lease another worker could have used): zero for slow
         jobs, deep for no-op ones.  Since the depth is what the handlers finish in one
         claim round trip, a prefetched job waits about that long, however deep.
+
+        ``concurrency``: the handlers this prefetch feeds (one chain's share in a
+        Worker of several chains), by default all of them.
         """
         if fixed is not None:
             return fixed
-        wanted = self.concurrency * claim_rtt / max(mean_runtime, 1e-6)
-        return min(max(2 * self.concurrency, self.PREFETCH_BATCH), int(wanted))
+        share = self.concurrency if concurrency is None else concurrency
+        wanted = share * claim_rtt / max(mean_runtime, 1e-6)
+        return min(max(2 * share, self.PREFETCH_BATCH), int(wanted))
 
     def _register_due(self, now: float) -> bool:
         return self._registered_at is None or now - self._registered_at >= self.REGISTER_INTERVAL
@@ -800,7 +821,7 @@ class WorkerBase:
         now = time.monotonic()
         self._sweeps.swept(window, start, now - start)
         if n:
-            self._cursor.rewind(now)
+            self._rewind(now)
             self.stats.add(sweeps_recovered=n)
             self._measure("swept", n, None)
             logger.info("worker %s: returned %d job(s) with expired leases", self.name, n)

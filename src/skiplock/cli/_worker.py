@@ -68,7 +68,15 @@ def _periodic_specs(
     "--prefetch",
     default=None,
     type=click.IntRange(min=0),
-    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency or 64].",
+    help="Jobs claimed beyond --concurrency [default: adaptive, up to 2 x concurrency or 256].",
+)
+@click.option(
+    "--chains",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Claim-and-write paths, each with its own connection; a second overlaps one's "
+    "database time with the other's Python [default: 2 from --concurrency 4 with fused "
+    "claims, else 1].",
 )
 @click.option(
     "--lease",
@@ -357,6 +365,7 @@ def run_worker(**params: Any) -> int:
             "job_timeout": params["job_timeout"],
             "listen": not params["no_listen"],
             "fuse_claims": params["fuse_claims"],
+            "chains": params["chains"],
             "shutdown_grace": params["shutdown_grace"],
             "retention": params["retention"],
             "on_event": None if metrics is None else metrics.on_event,

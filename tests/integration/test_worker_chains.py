@@ -1,0 +1,260 @@
+"""A Worker of several chains: each job is claimed, held and written by one chain, each
+chain's fused transaction completes its own batch and claims for itself, the fence holds
+on every chain, and the worker's one heartbeat and one stop cover them all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from skiplock import App, ConfigError, Job, Queue, Worker
+from skiplock._job import Attempt
+from skiplock._queue import run_op
+from skiplock._worker import _Chain
+
+from .test_worker import counts, running, wait_until
+
+
+def _completions(admin: psycopg.Connection[Any], schema: str) -> dict[int, int]:
+    rows = admin.execute(
+        sql.SQL("SELECT id, completions FROM {}.jobs").format(sql.Identifier(schema))
+    ).fetchall()
+    return {int(r[0]): int(r[1]) for r in rows}
+
+
+class Routes:
+    """Which chain took each attempt, and which chain's writer wrote it (the real
+    methods run; the wrappers only look)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.taken: dict[Attempt, int] = {}
+        self.written: list[tuple[Attempt, int]] = []
+        self.fused_claims: dict[int, int] = {}  # chain -> jobs its writer claimed
+        self.lock = threading.Lock()
+        take, write, fused = Worker._take, Worker._write, Worker._complete_and_claim
+        routes = self
+
+        def _take(
+            w: Worker, name: str, jobs: Sequence[Job], began: float, rtt: float, chain: _Chain
+        ) -> None:
+            with routes.lock:
+                for job in jobs:
+                    routes.taken[job.attempt] = chain.index
+            take(w, name, jobs, began, rtt, chain)
+
+        def _write(w: Worker, batch: Any, chain: _Chain, recheck: bool = False) -> None:
+            with routes.lock:
+                routes.written += [(job.attempt, chain.index) for job, _ in batch]
+            write(w, batch, chain, recheck)
+
+        def _complete_and_claim(w: Worker, done: Any, chain: _Chain, recheck: bool) -> Any:
+            before = chain.held
+            res = fused(w, done, chain, recheck)
+            with routes.lock:
+                # Held after = held before - done + claimed, all on this chain.
+                claimed = chain.held - before + len(done)
+                routes.fused_claims[chain.index] = routes.fused_claims.get(chain.index, 0)
+                routes.fused_claims[chain.index] += max(0, claimed)
+            return res
+
+        monkeypatch.setattr(Worker, "_take", _take)
+        monkeypatch.setattr(Worker, "_write", _write)
+        monkeypatch.setattr(Worker, "_complete_and_claim", _complete_and_claim)
+
+
+def test_each_chain_writes_the_jobs_it_claimed_and_each_job_runs_once(
+    queue: Queue, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    routes = Routes(monkeypatch)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def handler(job: Job) -> None:
+        with lock:
+            seen.append(job.payload["n"])
+
+    n = 4000
+    queue.enqueue_many([{"n": i} for i in range(n)])
+    w = Worker(queue, handler, concurrency=8, lease=10, name="chains-drain")
+    assert w.chains == 2  # the default from concurrency 4 with fused claims
+    with running(w):
+        wait_until(lambda: counts(queue).get("done", 0) == n, what="drain", timeout=90)
+    assert sorted(seen) == list(range(n))
+    assert set(_completions(admin, queue.schema).values()) == {1}
+    assert w.stats.completed == n and w.stats.lease_lost == 0
+    # Both chains claimed in their own fused transactions, and wrote what they took.
+    assert set(routes.taken.values()) == {0, 1}
+    assert all(routes.fused_claims.get(i, 0) > 0 for i in (0, 1)), routes.fused_claims
+    assert len(routes.written) == n
+    wrong = [(a, c) for a, c in routes.written if routes.taken[a] != c]
+    assert not wrong, f"{len(wrong)} job(s) written by a chain that did not claim them"
+    assert all(chain.held == 0 for chain in w._chains)
+
+
+def _waiting_on(admin: psycopg.Connection[Any], app: str, holder: int) -> bool:
+    row = admin.execute(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE application_name = %s AND %s = ANY(pg_blocking_pids(pid))",
+        (app, holder),
+    ).fetchone()
+    return row is not None and int(row[0]) > 0
+
+
+def test_a_stale_write_of_the_second_chain_changes_nothing(
+    queue: Queue, admin: psycopg.Connection[Any], dsn: str
+) -> None:
+    """The second chain's job is taken over (lease expired, swept, claimed by another
+    worker in a transaction still open); its writer's fenced completion waits on the
+    row, then finds another token: LeaseLost, nothing changed.  The first chain's job,
+    still running, is untouched and completes once."""
+    gates = {"first": threading.Event(), "second": threading.Event()}
+    entered = {"first": threading.Event(), "second": threading.Event()}
+
+    def handler(job: Job) -> None:
+        which = job.payload["which"]
+        entered[which].set()
+        gates[which].wait(30)
+
+    first = queue.enqueue({"which": "first"})
+    second = queue.enqueue({"which": "second"})
+    name = "chains-fence"
+    w = Worker(
+        queue,
+        handler,
+        concurrency=2,
+        chains=2,
+        prefetch=0,
+        lease=30,
+        sweep_interval=3600,
+        name=name,
+    )
+    with running(w), psycopg.connect(dsn) as takeover:
+        assert entered["first"].wait(10) and entered["second"].wait(10)
+        assert {a[0]: c.index for a, c in w._chain_of.items()} == {first: 0, second: 1}
+        takeover.execute(
+            sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1s' WHERE id = %s").format(
+                sql.Identifier(queue.schema)
+            ),
+            (second,),
+        )
+        assert len(run_op(takeover, queue._sweep_op(1000)(False))) == 1
+        [theirs] = queue.claim(worker="new-owner", lease=300, conn=takeover)
+        assert theirs.id == second
+        gates["second"].set()
+        wait_until(
+            lambda: _waiting_on(admin, f"skiplock-worker:{name}", takeover.info.backend_pid),
+            what="the second chain's write waiting on the takeover's row lock",
+        )
+        takeover.commit()
+        wait_until(lambda: w.stats.lease_lost >= 1, what="lease lost")
+        gates["first"].set()
+        wait_until(lambda: counts(queue).get("done", 0) == 1, what="the first chain's job")
+    got = queue.get(second)
+    assert got is not None and got.status == "running" and got.worker == "new-owner"
+    assert got.lease_token == theirs.lease_token
+    done = _completions(admin, queue.schema)
+    assert done == {first: 1, second: 0}
+    assert w.stats.completed == 1 and w.stats.lease_lost == 1
+    queue.complete(theirs)
+
+
+def test_one_heartbeat_keeps_every_chains_leases(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """Jobs of both chains outlive a short lease several times over: the worker's one
+    heartbeat extends them all, and none is swept, lost or run twice."""
+    ids = queue.enqueue_many([{"n": i} for i in range(4)])
+    went: dict[int, int] = {}
+
+    def handler(job: Job) -> None:
+        threading.Event().wait(2.5)
+
+    w = Worker(queue, handler, concurrency=4, chains=2, prefetch=0, lease=0.9, sweep_interval=0.2)
+    with running(w):
+        wait_until(lambda: len(w._chain_of) == 4, what="all four held")
+        went = {a[0]: c.index for a, c in w._chain_of.items()}
+        wait_until(lambda: counts(queue).get("done", 0) == 4, what="done", timeout=30)
+    assert sorted(went) == sorted(ids) and set(went.values()) == {0, 1}
+    assert set(_completions(admin, queue.schema).values()) == {1}
+    attempts = admin.execute(
+        sql.SQL("SELECT max(attempts) FROM {}.jobs").format(sql.Identifier(queue.schema))
+    ).fetchone()
+    assert attempts == (1,)
+    assert w.stats.lease_lost == 0 and w.stats.sweeps_recovered == 0
+
+
+def test_stop_releases_what_every_chain_prefetched(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """A stop gives back the unstarted jobs of both chains, attempts and all, and
+    lets the running ones finish: nothing stays running, nothing is charged."""
+    started = threading.Semaphore(0)
+    finish = threading.Event()  # set after the stop: nothing finishes before it
+
+    def handler(job: Job) -> None:
+        started.release()
+        finish.wait(10)
+
+    queue.enqueue_many([{"n": i} for i in range(200)])
+    w = Worker(queue, handler, concurrency=4, chains=2, prefetch=20, lease=10)
+    t = w.start()
+    for _ in range(4):
+        assert started.acquire(timeout=10)
+    wait_until(lambda: all(c.held > c.share for c in w._chains), what="both chains prefetched")
+    w.stop()
+    finish.set()
+    t.join(30)
+    assert not t.is_alive()
+    by_status = counts(queue)
+    assert "running" not in by_status
+    assert by_status.get("done", 0) == w.stats.completed
+    assert by_status["done"] + by_status["pending"] == 200
+    charged = admin.execute(
+        sql.SQL("SELECT count(*) FROM {}.jobs WHERE status = 'pending' AND attempts > 0").format(
+            sql.Identifier(queue.schema)
+        )
+    ).fetchone()
+    assert charged == (0,)
+    # Each chain held its share and its half of the prefetch (2 + 10): what did not
+    # run was given back, by both chains.
+    assert w.stats.claimed == 24
+    assert w.stats.released == w.stats.claimed - w.stats.completed
+
+
+def test_how_many_chains(queue: Queue, dsn: str) -> None:
+    def noop(job: Job) -> None: ...
+
+    assert Worker(queue, noop).chains == 2
+    assert Worker(queue, noop, concurrency=3).chains == 1
+    assert Worker(queue, noop, concurrency=8, fuse_claims=False).chains == 1
+    assert Worker(queue, noop, concurrency=8, chains=3).chains == 3
+    # Shares of the handlers and of a fixed prefetch add up to the whole.
+    w = Worker(queue, noop, concurrency=7, chains=3, prefetch=10)
+    assert [c.share for c in w._chains] == [3, 2, 2]
+    assert [c.fixed_prefetch for c in w._chains] == [4, 3, 3]
+    assert w.capacity == 17
+    for bad in (0, 5):
+        with pytest.raises(ConfigError, match="chains must be 1 to concurrency"):
+            Worker(queue, noop, concurrency=4, chains=bad)
+    app = App(dsn, schema=queue.schema)
+
+    @app.task()
+    def noop_task() -> None: ...
+
+    assert app.worker(chains=1).chains == 1
+
+
+def test_the_cli_takes_chains(queue: Queue, dsn: str) -> None:
+    cmd = [sys.executable, "-m", "skiplock.cli", "worker", "--dsn", dsn]
+    cmd += ["--schema", queue.schema, "--no-migrate", "--handler", "json:dumps"]
+    bad = subprocess.run([*cmd, "--chains", "9"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+    assert "chains must be 1 to concurrency (4), not 9" in bad.stderr
+    assert "Traceback" not in bad.stderr
