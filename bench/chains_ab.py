@@ -11,8 +11,9 @@ jobs once per shape, the order reversed every other round, each on a schema of i
 - ``nofin`` / ``nofin-norun``: one ``Worker`` of 8 with ``jobs_finished_idx`` (and
   ``jobs_running_leases_idx``) dropped after the migration: what the index entries cost;
 - ``share=X``: one ``Worker`` of 8 whose ``UPKEEP_SHARE`` is X (shipped: 0.25);
-- ``chains=K``: one ``Worker`` of 8 running K claim-and-write chains (``chains=K``;
-  ``one8`` is the default, 2 since December 2026).
+- ``chains=K`` / ``async-chains=K``: one ``Worker`` / ``AsyncWorker`` of 8 running K
+  claim-and-write chains (``one8`` / ``async-one8`` run the default, 2 since
+  December 2026).
 
 The DSN is $SKIPLOCK_BENCH_DSN or the local server.
 """
@@ -64,7 +65,7 @@ def threaded(
     return secs
 
 
-async def on_one_loop(q: Queue, n: int, k: int, c: int) -> float:
+async def on_one_loop(q: Queue, n: int, k: int, c: int, chains: int | None = None) -> float:
     """Seconds for ``k`` AsyncWorkers of concurrency ``c`` on this loop to run ``n`` jobs."""
     done, count = asyncio.Event(), [0]
 
@@ -73,7 +74,9 @@ async def on_one_loop(q: Queue, n: int, k: int, c: int) -> float:
         if count[0] >= n:
             done.set()
 
-    workers = [AsyncWorker(q, handler, concurrency=c, name=f"chain-{i}") for i in range(k)]
+    workers = [
+        AsyncWorker(q, handler, concurrency=c, name=f"chain-{i}", chains=chains) for i in range(k)
+    ]
     start = time.monotonic()
     tasks = [asyncio.create_task(w.run()) for w in workers]
     await asyncio.wait_for(done.wait(), 600)
@@ -98,6 +101,9 @@ def drain(shape: str, n: int) -> float:
             secs = asyncio.run(on_one_loop(q, n, *ASYNC[shape]))
         elif shape.startswith("share="):
             secs = threaded(q, n, 1, 8, share=float(shape.removeprefix("share=")))
+        elif shape.startswith("async-chains="):
+            chains = int(shape.removeprefix("async-chains="))
+            secs = asyncio.run(on_one_loop(q, n, 1, 8, chains))
         elif shape.startswith("chains="):
             secs = threaded(q, n, 1, 8, chains=int(shape.removeprefix("chains=")))
         else:
@@ -123,9 +129,10 @@ def main() -> None:
     n, rounds, shapes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
     known = {*THREADED, *ASYNC, *DROPS}
     for shape in shapes:
-        if shape not in known and not shape.startswith(("share=", "chains=")):
+        if shape not in known and not shape.startswith(("share=", "chains=", "async-chains=")):
             raise SystemExit(
-                f"unknown shape {shape!r}: one of {sorted(known)}, share=X or chains=K"
+                f"unknown shape {shape!r}: one of {sorted(known)}, share=X, "
+                "chains=K or async-chains=K"
             )
     rates: dict[str, list[float]] = {s: [] for s in shapes}
     for r in range(rounds):

@@ -3,8 +3,11 @@
 Tasks and their one job each:
 
 - ``run`` claims up to free capacity, starts a task per job, sweeps and prunes;
-- the writer batches outcomes into fenced writes and heartbeats every held job, in one
-  statement each (the same statements and accounting as ``Worker``: ``_workerbase``);
+- a writer per chain batches the outcomes of the jobs its chain claimed into fenced
+  writes, and claims the slots they free in the same transaction; the first also
+  heartbeats every held job, in one statement (the same statements and accounting as
+  ``Worker``: ``_workerbase``).  With two chains (the default from concurrency 4),
+  one chain's handlers run while the other's transaction is on the server;
 - the listener LISTENs for enqueues (wakes the claim) and for cancels of held jobs
   (beats at once, so a cancelled handler's task is cancelled within a round trip);
 - one task per handler, and nothing else per job: a done callback hands its outcome
@@ -24,6 +27,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import random
 import threading
 import time
@@ -36,6 +40,7 @@ from psycopg import sql
 
 from ._aqueue import AsyncQueue
 from ._base import QueueBase, backoff
+from ._cursor import ClaimCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, Outcome, failed_outcome, ok_outcome
 from ._job import Attempt, Job
@@ -43,7 +48,7 @@ from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
-from ._workerbase import Trouble, WorkerBase, WorkerStats, one_line
+from ._workerbase import Chain, Trouble, WorkerBase, WorkerStats, one_line
 
 __all__ = ["AsyncWorker"]
 
@@ -65,6 +70,8 @@ class AsyncWorker(WorkerBase):
     ``Worker``) sends each batch of completions and the claim of the slots it frees in
     one pipelined transaction, on one pooled connection (psycopg's async pipeline);
     ``fuse_claims=False`` completes and claims in transactions of their own.
+    ``chains`` as in ``Worker``: default 2 with ``fuse_claims`` from concurrency 4,
+    each writing on a pooled connection of its own (bench/README.md, "Two chains").
     """
 
     def __init__(
@@ -93,6 +100,7 @@ class AsyncWorker(WorkerBase):
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
         fuse_claims: bool = True,
+        chains: int | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -126,8 +134,13 @@ class AsyncWorker(WorkerBase):
                 )
         self._q: AsyncQueue | None = None
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
-        self._claim_rtt = 0.002
         self._mean_runtime = 1.0
+        self._chains = [
+            _AChain(i, *share)
+            for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
+        ]
+        # The chain that claimed each job held, and writes its outcome.
+        self._chain_of: dict[Attempt, _AChain] = {}
         self._held: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._unstarted: deque[Job] = deque()  # held, waiting for a free handler slot
         # The running handlers' tasks; a task leaves when its outcome is handed to the
@@ -137,12 +150,7 @@ class AsyncWorker(WorkerBase):
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._upkeep_wanted: asyncio.Event | None = None  # set by each sweep
-        self._outcomes: asyncio.Queue[tuple[Job, Outcome] | None] | None = None
         self._beat_now: asyncio.Event | None = None
-        # Held by whoever claims (the claim loop, or the writer with fuse_claims), from
-        # counting the free slots to holding the jobs: two claims awaited at once would
-        # both count the same slots free.
-        self._claim_lock: asyncio.Lock | None = None
         self._stop_requested = False
         self._hard = False
 
@@ -167,10 +175,11 @@ class AsyncWorker(WorkerBase):
     def inflight(self) -> list[Job]:
         return list(self._held.values())
 
-    @property
-    def prefetch(self) -> int:
-        """Jobs claimed beyond ``concurrency`` right now."""
-        return self.adaptive_prefetch(self._fixed_prefetch, self._mean_runtime, self._claim_rtt)
+    def _chain_list(self) -> Sequence[Chain]:
+        return self._chains
+
+    def _mean_runtime_now(self) -> float:
+        return self._mean_runtime
 
     # -- run -------------------------------------------------------------------------------
 
@@ -185,17 +194,23 @@ class AsyncWorker(WorkerBase):
             asyncio.Event(),
             asyncio.Event(),
         )
-        self._outcomes = asyncio.Queue()
-        self._claim_lock = asyncio.Lock()
+        for chain in self._chains:
+            chain.outcomes, chain.lock = asyncio.Queue(), asyncio.Lock()
         if self._stop_requested:
             self._stopping.set()
-        # Claims, the writer and the upkeep task each hold one at a time; one spare.
-        self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=4)
+        # Claims, each writer and the upkeep task hold one at a time; one spare.
+        size = 3 + len(self._chains)
+        self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=size)
         await self._q.open()
         helpers = [
-            asyncio.create_task(self._writer(), name=f"skiplock-{self.name}-writer"),
-            asyncio.create_task(self._upkeep_loop(), name=f"skiplock-{self.name}-upkeep"),
+            asyncio.create_task(
+                self._writer(chain), name=f"skiplock-{self.name}-writer-{chain.index}"
+            )
+            for chain in self._chains
         ]
+        helpers.append(
+            asyncio.create_task(self._upkeep_loop(), name=f"skiplock-{self.name}-upkeep")
+        )
         if self.listen:
             helpers.append(
                 asyncio.create_task(self._listener(), name=f"skiplock-{self.name}-listen")
@@ -208,11 +223,12 @@ class AsyncWorker(WorkerBase):
             # every write this worker owes.
             helpers.append(asyncio.create_task(self._keep_liveness()))
         logger.info(
-            "async worker %s: queues %s, concurrency %d, lease %gs",
+            "async worker %s: queues %s, concurrency %d, lease %gs, %d chain(s)",
             self.name,
             ",".join(self.queues),
             self.concurrency,
             self.lease,
+            len(self._chains),
         )
         try:
             await self._claim_loop()
@@ -263,27 +279,27 @@ class AsyncWorker(WorkerBase):
                 await self._sweep()
             if self._prune_due(now):
                 await self._prune()
-            free = self.capacity - len(self._held)
-            if free > 0 and (not self._more or free >= self._refill_batch):
-                try:
-                    self._more = await self._claim_some(free)
-                    failures = 0
-                except _DB_ERRORS as exc:
-                    failures += 1
-                    self.stats.add(db_errors=1)
-                    if failures == 1 or failures % 20 == 0:
-                        logger.warning(
-                            "worker %s: claim failed (%s); retrying", self.name, one_line(exc)
-                        )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            self._stopping.wait(), backoff(failures, base=0.05, cap=5.0)
-                        )
-                    continue
-            if self._more and self.capacity - len(self._held) >= self._refill_batch:
+            try:
+                for chain in self._chains:
+                    if free := self._claim_due(chain):
+                        self._set_more(chain, await self._claim_some(free, chain))
+                failures = 0
+            except _DB_ERRORS as exc:
+                failures += 1
+                self.stats.add(db_errors=1)
+                if failures == 1 or failures % 20 == 0:
+                    logger.warning(
+                        "worker %s: claim failed (%s); retrying", self.name, one_line(exc)
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._stopping.wait(), backoff(failures, base=0.05, cap=5.0)
+                    )
+                continue
+            if any(self._refill_due(chain) for chain in self._chains):
                 continue  # more work is waiting and a batch fits: claim again at once
             # Full, a finishing job wakes us; after a full claim we claim again at once.
-            busy = self._more or self.capacity - len(self._held) <= 0
+            busy = self._more or all(self._free(chain) <= 0 for chain in self._chains)
             if await self._say_waiting(busy, now):
                 continue  # claim again now that producers notify us
             now = time.monotonic()
@@ -306,28 +322,33 @@ class AsyncWorker(WorkerBase):
         self._said_waiting(change, now)
         return change
 
-    async def _claim_some(self, free: int) -> bool:
+    async def _claim_some(self, free: int, chain: _AChain) -> bool:
+        """Claim up to ``free`` jobs across the queues for ``chain``; True if a queue
+        may hold more."""
         assert self._q is not None and self._stopping is not None
-        assert self._claim_lock is not None
+        assert chain.lock is not None
         more = False
-        async with self._claim_lock:
-            free = min(free, self.capacity - len(self._held))
+        async with chain.lock:
+            free = min(free, self._free(chain))
             for name in self._queue_order():
                 if free <= 0 or self._stopping.is_set():
                     break
-                claim = self._claim_round(name, free)
+                claim = self._claim_round(name, free, chain.cursor)
                 jobs = await self._q.claim(**self._claim_args(claim))
                 rtt = self._claim_landed(claim, jobs)
                 self._claim_rtt += 0.1 * (rtt - self._claim_rtt)
-                self._take(name, jobs, rtt)
+                self._take(name, jobs, rtt, chain)
                 more = more or len(jobs) == free
                 free -= len(jobs)
         return more
 
-    def _take(self, name: str, jobs: Sequence[Job], rtt: float) -> None:
-        """Hold the jobs a claim returned and start as many as handler slots allow."""
+    def _take(self, name: str, jobs: Sequence[Job], rtt: float, chain: _AChain) -> None:
+        """Hold the jobs a claim for ``chain`` returned and start as many as handler
+        slots allow."""
+        chain.held += len(jobs)
         for job in jobs:
             self._held[job.attempt] = job
+            self._chain_of[job.attempt] = chain
         self._claimed(name, jobs, rtt)
         self._unstarted.extend(jobs)
         self._start_unstarted()
@@ -393,8 +414,10 @@ class AsyncWorker(WorkerBase):
         self._hand_over(job, self._timed_out(job, timeout))
 
     def _hand_over(self, job: Job, outcome: Outcome) -> None:
-        assert self._outcomes is not None
-        self._outcomes.put_nowait((job, outcome))
+        """To the writer of the chain that claimed the job."""
+        outcomes = self._chain_of.get(job.attempt, self._chains[0]).outcomes
+        assert outcomes is not None
+        outcomes.put_nowait((job, outcome))
         self._start_unstarted()  # its slot is free
 
     def _cancel_requested(self) -> None:
@@ -453,10 +476,14 @@ class AsyncWorker(WorkerBase):
 
     # -- writer: fenced writes and heartbeats --------------------------------------------
 
-    async def _writer(self) -> None:
-        assert self._outcomes is not None and self._beat_now is not None
+    async def _writer(self, chain: _AChain) -> None:
+        """Write ``chain``'s outcomes; the first chain's writer also heartbeats every
+        job the worker holds, whatever chain claimed it."""
+        outcomes = chain.outcomes
+        assert outcomes is not None and self._beat_now is not None
+        beats = chain.index == 0
         pending: list[tuple[Job, Outcome]] = []
-        next_beat = time.monotonic() + self.heartbeat_interval
+        next_beat = time.monotonic() + self.heartbeat_interval if beats else math.inf
         failures = 0
         stop = False
         while True:
@@ -464,24 +491,29 @@ class AsyncWorker(WorkerBase):
             if pending:
                 timeout = min(timeout, backoff(max(failures, 1), base=0.05, cap=2.0))
             if not stop:
-                getter = asyncio.ensure_future(self._outcomes.get())
-                beat = asyncio.ensure_future(self._beat_now.wait())
+                getter = asyncio.ensure_future(outcomes.get())
+                waits: set[asyncio.Future[Any]] = {getter}
+                if beats:
+                    waits.add(asyncio.ensure_future(self._beat_now.wait()))
                 await asyncio.wait(
-                    {getter, beat}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    waits,
+                    timeout=None if math.isinf(timeout) else timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
-                beat.cancel()
+                for waiting in waits - {getter}:
+                    waiting.cancel()
                 if getter.done():
-                    stop = await self._gather_outcomes(getter.result(), pending)
+                    stop = await self._gather_outcomes(getter.result(), pending, outcomes)
                 else:
                     getter.cancel()
-                if self._beat_now.is_set():
+                if beats and self._beat_now.is_set():
                     self._beat_now.clear()
                     next_beat = time.monotonic()
             if stop and not pending:
                 return
             if pending:
                 try:
-                    await self._write(pending, recheck=failures > 0)
+                    await self._write(pending, chain, recheck=failures > 0)
                     pending = []
                     failures = 0
                 except Exception as exc:
@@ -508,7 +540,10 @@ class AsyncWorker(WorkerBase):
                 next_beat = time.monotonic() + self.heartbeat_interval
 
     async def _gather_outcomes(
-        self, first: tuple[Job, Outcome] | None, pending: list[tuple[Job, Outcome]]
+        self,
+        first: tuple[Job, Outcome] | None,
+        pending: list[tuple[Job, Outcome]],
+        outcomes: asyncio.Queue[tuple[Job, Outcome] | None],
     ) -> bool:
         """Add ``first`` and the outcomes queued after it to ``pending``, letting
         handlers that are ready to run finish first; True if the end-of-work marker
@@ -521,7 +556,6 @@ class AsyncWorker(WorkerBase):
         loop until two passes in a row bring nothing: a slow handler holds the write
         back by two passes, not by its run time.
         """
-        assert self._outcomes is not None
         got: list[tuple[Job, Outcome] | None] = [first]
         idle = 0
         while True:
@@ -534,15 +568,17 @@ class AsyncWorker(WorkerBase):
                 return False
             await asyncio.sleep(0)
             got = []
-            while not self._outcomes.empty():
-                got.append(self._outcomes.get_nowait())
+            while not outcomes.empty():
+                got.append(outcomes.get_nowait())
 
-    async def _write(self, batch: list[tuple[Job, Outcome]], recheck: bool = False) -> None:
+    async def _write(
+        self, batch: list[tuple[Job, Outcome]], chain: _AChain, recheck: bool = False
+    ) -> None:
         assert self._q is not None and self._stopping is not None
         done, failed = self.split(batch)
         if done:
             if self.fuse_claims and not self._stopping.is_set():
-                res = await self._complete_and_claim(done, recheck)
+                res = await self._complete_and_claim(done, chain, recheck)
             else:
                 res = await self._q.complete_many(done, _recheck=recheck)
             self.completed(done, res)
@@ -553,19 +589,21 @@ class AsyncWorker(WorkerBase):
             self.handed_back(failed, res)
             self._forget([j for j, *_ in failed])
 
-    async def _complete_and_claim(self, done: list[tuple[Job, Any]], recheck: bool) -> FenceResult:
+    async def _complete_and_claim(
+        self, done: list[tuple[Job, Any]], chain: _AChain, recheck: bool
+    ) -> FenceResult:
         """Complete ``done`` and claim the slots it frees, in one pipelined transaction
         (``AsyncQueue._complete_and_claim``; what a failure means is said there)."""
-        assert self._q is not None and self._claim_lock is not None
+        assert self._q is not None and chain.lock is not None
         assert self._stopping is not None
         q = self._q
-        if self._claim_lock.locked():
+        if chain.lock.locked():
             # The claim loop is claiming: it claims the slots freed here next (_forget
             # wakes it).  Waiting for its claim would hold back the heartbeats, which
             # this task sends too.
             return await q.complete_many(done, _recheck=recheck)
-        async with self._claim_lock:
-            fused = self._fused_round(q, self.capacity - len(self._held) + len(done))
+        async with chain.lock:
+            fused = self._fused_round(q, self._free(chain) + len(done), chain.cursor)
             if fused is None:
                 return await q.complete_many(done, _recheck=recheck)
             claim, op = fused
@@ -576,12 +614,19 @@ class AsyncWorker(WorkerBase):
                 # it saw; these would start behind its back.
                 self.released(claimed, await q.release_many(claimed))
                 return res
-            self._take(claim.queue, claimed, rtt)
+            self._take(claim.queue, claimed, rtt, chain)
         return res
+
+    def _drop_held(self, attempt: Attempt) -> None:
+        """Stop holding ``attempt``; its chain's writer may still owe its outcome, so
+        the job keeps its chain until ``_forget``."""
+        if self._held.pop(attempt, None) is not None:
+            self._chain_of[attempt].held -= 1
 
     def _forget(self, jobs: Sequence[Job]) -> None:
         for job in jobs:
-            self._held.pop(job.attempt, None)
+            self._drop_held(job.attempt)
+            self._chain_of.pop(job.attempt, None)
         if self._wake is not None:
             self._wake.set()  # a slot is free
 
@@ -598,7 +643,7 @@ class AsyncWorker(WorkerBase):
             logger.warning("worker %s: heartbeat failed (%s)", self.name, one_line(exc))
             return
         for job in self.beaten(jobs, res):
-            self._held.pop(job.attempt, None)
+            self._drop_held(job.attempt)
         self._cancel_requested()
 
     # -- listener ------------------------------------------------------------------------
@@ -640,7 +685,7 @@ class AsyncWorker(WorkerBase):
     # -- shutdown ------------------------------------------------------------------------
 
     async def _shutdown(self, helpers: list[asyncio.Task[None]]) -> None:
-        assert self._q is not None and self._outcomes is not None
+        assert self._q is not None
         grace = 0.0 if self._hard else self.shutdown_grace
         unstarted = list(self._unstarted)
         self._unstarted.clear()
@@ -658,15 +703,17 @@ class AsyncWorker(WorkerBase):
                     task.cancel()
                 # Their outcomes are not written: the jobs run again after the lease.
                 self._forget(left)
-        await self._outcomes.put(None)
-        writer = helpers[0]
+        writers, others = helpers[: len(self._chains)], helpers[len(self._chains) :]
+        for chain in self._chains:
+            assert chain.outcomes is not None
+            chain.outcomes.put_nowait(None)
         try:
-            await asyncio.wait_for(writer, timeout=max(grace, 1.0) + 5.0)
+            await asyncio.wait_for(asyncio.gather(*writers), timeout=max(grace, 1.0) + 5.0)
         except TimeoutError:
             logger.warning("worker %s: writer did not finish; leases will expire", self.name)
-        for task in helpers[1:]:
+        for task in others:
             task.cancel()
-        await asyncio.gather(*helpers[1:], return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
         try:
             await self._q.unregister_worker(self.name)
         except _DB_ERRORS as exc:
@@ -686,6 +733,19 @@ class AsyncWorker(WorkerBase):
                 logger.warning("worker %s: release failed (%s)", self.name, one_line(exc))
                 await asyncio.sleep(backoff(attempt))
         self._forget(jobs)
+
+
+class _AChain(Chain):
+    """A chain (see ``Chain``) of the async worker: the outcomes its writer owes, and
+    the lock its claims take (both made on the worker's loop, in ``run``)."""
+
+    def __init__(self, index: int, share: int, fixed_prefetch: int | None, cursor: ClaimCursor):
+        super().__init__(index, share, fixed_prefetch, cursor)
+        self.outcomes: asyncio.Queue[tuple[Job, Outcome] | None] | None = None
+        # Held by whoever claims for this chain (the claim loop, or its writer), from
+        # counting its free slots to holding the jobs: two claims awaited at once would
+        # both count the same slots free.
+        self.lock: asyncio.Lock | None = None
 
 
 def _log_abandoned(task: asyncio.Task[Any]) -> None:

@@ -45,7 +45,7 @@ from psycopg import sql
 
 from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
-from ._errors import ConfigError, SkiplockError
+from ._errors import SkiplockError
 from ._handlers import Handler, HandlerPool, Outcome, run_handler
 from ._job import Attempt, Job
 from ._lane import Lane
@@ -53,7 +53,14 @@ from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
-from ._workerbase import Trouble, WorkerBase, WorkerStats, default_worker_name, one_line
+from ._workerbase import (
+    Chain,
+    Trouble,
+    WorkerBase,
+    WorkerStats,
+    default_worker_name,
+    one_line,
+)
 
 __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 
@@ -62,36 +69,19 @@ logger = logging.getLogger("skiplock.worker")
 _DB_ERRORS = (psycopg.Error, SkiplockError)
 
 
-class _Chain:
-    """One claim-and-write path of a Worker: its writer's connection and outcomes, its
-    claim cursor, and the jobs it holds (claimed by it, not yet written back).
-
-    A job is written by the chain that claimed it, so each chain's fused transaction
-    completes its own batch and claims the slots that batch frees; the chains never
-    wait for each other.  Its size is its share of the handlers plus its own prefetch,
-    as a worker of that concurrency would have (half-sized batches cost the server more
-    per job: docs/architecture.md, "What bounds one process").
-    """
+class _Chain(Chain):
+    """A chain (see ``Chain``) of the threaded worker: its writer's connection and the
+    outcomes it owes."""
 
     def __init__(self, index: int, share: int, fixed_prefetch: int | None, cursor: ClaimCursor):
-        self.index = index
-        self.share = share  # handlers this chain's jobs are counted against
-        self.fixed_prefetch = fixed_prefetch
-        self.cursor = cursor
+        super().__init__(index, share, fixed_prefetch, cursor)
         self.wq: Queue | None = None  # fenced writes, and the claims fused with them
         # Outcomes for this chain's writer; None stops it.
         self.results: SimpleQueue[tuple[Job, Outcome] | None] = SimpleQueue()
         # Held by whoever claims for this chain (the claim loop, or its writer), from
         # counting its free slots to registering the jobs: two claims at once would
-        # both count the same slots free.
+        # both count the same slots free.  ``held`` changes under _inflight_lock.
         self.lock = threading.Lock()
-        self.held = 0  # under the worker's _inflight_lock
-        self.more = False  # its last claim came back full: more work may wait
-
-
-def _split(total: int, parts: int, index: int) -> int:
-    """Part ``index`` of ``total`` split into ``parts`` as evenly as integers allow."""
-    return total // parts + (1 if index < total % parts else 0)
 
 
 class Worker(WorkerBase):
@@ -235,24 +225,12 @@ class Worker(WorkerBase):
         )
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
-        if chains is None:
-            chains = 2 if fuse_claims and concurrency >= 4 else 1
-        if not 1 <= chains <= concurrency:
-            raise ConfigError(f"chains must be 1 to concurrency ({concurrency}), not {chains!r}")
-        fixed = self._fixed_prefetch
         self._chains = [
-            _Chain(
-                i,
-                _split(concurrency, chains, i),
-                None if fixed is None else _split(fixed, chains, i),
-                self._cursor if i == 0 else ClaimCursor(),
-            )
-            for i in range(chains)
+            _Chain(i, *share)
+            for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
         ]
-        self._cursors = [chain.cursor for chain in self._chains]
         # The chain that claimed each job held, and writes its outcome.
         self._chain_of: dict[Attempt, _Chain] = {}
-        self._claim_rtt = 0.002
         self._q: Queue | None = None  # the claim loop's claims, sweeps, prunes, releases
         self._hq: Queue | None = None  # heartbeats
         self._uq: Queue | None = None  # the generations' upkeep
@@ -279,38 +257,11 @@ class Worker(WorkerBase):
         self._threads: list[threading.Thread] = []
         self._running = False
 
-    @property
-    def chains(self) -> int:
-        """Claim-and-write paths this worker runs (see the class's ``chains``)."""
-        return len(self._chains)
+    def _chain_list(self) -> Sequence[Chain]:
+        return self._chains
 
-    @property
-    def prefetch(self) -> int:
-        """Jobs claimed beyond ``concurrency`` right now, all chains together."""
-        return sum(self._prefetch_of(chain) for chain in self._chains)
-
-    def _prefetch_of(self, chain: _Chain) -> int:
-        runtime = self._pool.mean_runtime if self._pool is not None else 1.0
-        return self.adaptive_prefetch(chain.fixed_prefetch, runtime, self._claim_rtt, chain.share)
-
-    def _free(self, chain: _Chain) -> int:
-        """Jobs ``chain`` may claim now: its share and prefetch, less what it holds."""
-        with self._inflight_lock:
-            held = chain.held
-        return chain.share + self._prefetch_of(chain) - held
-
-    def _refill(self, chain: _Chain) -> int:
-        # Once a claim came back full (more work waiting), refill in batches of at
-        # least half the chain: one claim per finished job would be a round trip per job.
-        return max(1, (chain.share + self._prefetch_of(chain)) // 2)
-
-    def _refill_due(self, chain: _Chain) -> bool:
-        """More work is known to wait for ``chain`` and a refill batch fits."""
-        return chain.more and self._free(chain) >= self._refill(chain)
-
-    def _set_more(self, chain: _Chain, more: bool) -> None:
-        chain.more = more
-        self._more = any(c.more for c in self._chains)
+    def _mean_runtime_now(self) -> float:
+        return self._pool.mean_runtime if self._pool is not None else 1.0
 
     # -- public control ------------------------------------------------------------------
 
@@ -432,8 +383,7 @@ class Worker(WorkerBase):
                 self._prune()
             try:
                 for chain in self._chains:
-                    free = self._free(chain)
-                    if free > 0 and (not chain.more or free >= self._refill(chain)):
+                    if free := self._claim_due(chain):
                         self._set_more(chain, self._claim_some(free, chain))
                 trouble.ok()
             except _DB_ERRORS as exc:

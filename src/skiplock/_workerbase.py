@@ -192,6 +192,32 @@ class ClaimRound:
     cursor: ClaimCursor  # whose position it started from, and moves on landing
 
 
+class Chain:
+    """One claim-and-write path of a worker: its claim cursor, its share of the handlers
+    and of a fixed prefetch, and how many jobs it holds (claimed by it, not yet written
+    back).  Each worker adds the writer's side: a queue of outcomes and a claim lock.
+
+    A job is written by the chain that claimed it, so each chain's fused transaction
+    completes its own batch and claims the slots that batch frees, and the chains never
+    wait for each other.  A chain is sized as a worker of its share would be (its own
+    adaptive prefetch): half-sized batches cost the server more per job
+    (docs/architecture.md, "Two chains in one Worker").
+    """
+
+    def __init__(self, index: int, share: int, fixed_prefetch: int | None, cursor: ClaimCursor):
+        self.index = index
+        self.share = share  # handlers this chain's jobs are counted against
+        self.fixed_prefetch = fixed_prefetch
+        self.cursor = cursor
+        self.held = 0  # changed only with the jobs it counts (the worker's lock, or loop)
+        self.more = False  # its last claim came back full: more work may wait
+
+
+def split(total: int, parts: int, index: int) -> int:
+    """Part ``index`` of ``total`` split into ``parts`` as evenly as integers allow."""
+    return total // parts + (1 if index < total % parts else 0)
+
+
 class Trouble:
     """The log of one activity that keeps failing (claims, writes, heartbeats): a line
     when it starts failing or the reason changes, one when it works again; never a
@@ -327,7 +353,8 @@ class WorkerBase:
         # Each claim starts past the last one (see ClaimCursor: a held xmin or a long
         # unvacuumed history would otherwise cost every claim a visit per dead entry).
         self._cursor = ClaimCursor()
-        self._cursors = [self._cursor]  # a Worker of several chains adds theirs
+        self._cursors = [self._cursor]  # and each further chain's (_chain_shares)
+        self._claim_rtt = 0.002
         self._sweeps = SweepCursor()  # and each sweep looks back past the last one only
         self._on_event = on_event
         self._on_measure = on_measure
@@ -494,21 +521,78 @@ class WorkerBase:
     # gone after 30 s without a refresh (Queue.unserved's default).
     REGISTER_INTERVAL = 10.0
 
+    # -- chains: the claim-and-write paths -----------------------------------------------
+
+    def _chain_shares(
+        self, chains: int | None, prefetch: int | None
+    ) -> list[tuple[int, int | None, ClaimCursor]]:
+        """Each chain's share of the handlers, of a fixed ``prefetch`` and its cursor
+        (the first chain's is the worker's own); ``chains`` None: the default."""
+        if chains is None:
+            chains = 2 if self.fuse_claims and self.concurrency >= 4 else 1
+        if not 1 <= chains <= self.concurrency:
+            raise ConfigError(
+                f"chains must be 1 to concurrency ({self.concurrency}), not {chains!r}"
+            )
+        self._cursors = [self._cursor] + [ClaimCursor() for _ in range(chains - 1)]
+        return [
+            (
+                split(self.concurrency, chains, i),
+                None if prefetch is None else split(prefetch, chains, i),
+                self._cursors[i],
+            )
+            for i in range(chains)
+        ]
+
+    def _chain_list(self) -> Sequence[Chain]:
+        raise NotImplementedError
+
+    @property
+    def chains(self) -> int:
+        """Claim-and-write paths this worker runs (see the workers' ``chains``)."""
+        return len(self._chain_list())
+
+    def _mean_runtime_now(self) -> float:
+        """The handlers' moving average run time, which sizes the adaptive prefetch."""
+        raise NotImplementedError
+
+    def _prefetch_of(self, chain: Chain) -> int:
+        return self.adaptive_prefetch(
+            chain.fixed_prefetch, self._mean_runtime_now(), self._claim_rtt, chain.share
+        )
+
     @property
     def prefetch(self) -> int:
-        """Jobs claimed beyond ``concurrency`` right now (see adaptive_prefetch)."""
-        raise NotImplementedError
+        """Jobs claimed beyond ``concurrency`` right now, all chains together (see
+        adaptive_prefetch)."""
+        return sum(self._prefetch_of(chain) for chain in self._chain_list())
 
     @property
     def capacity(self) -> int:
         """Jobs this worker holds at most: running, prefetched, or awaiting their write."""
         return self.concurrency + self.prefetch
 
-    @property
-    def _refill_batch(self) -> int:
+    def _free(self, chain: Chain) -> int:
+        """Jobs ``chain`` may claim now: its share and prefetch, less what it holds."""
+        return chain.share + self._prefetch_of(chain) - chain.held
+
+    def _refill(self, chain: Chain) -> int:
         # Once a claim came back full (more work waiting), refill in batches of at
-        # least this many: one claim per finished job would be a round trip per job.
-        return max(1, self.capacity // 2)
+        # least half the chain: one claim per finished job would be a round trip per job.
+        return max(1, (chain.share + self._prefetch_of(chain)) // 2)
+
+    def _refill_due(self, chain: Chain) -> bool:
+        """More work is known to wait for ``chain`` and a refill batch fits."""
+        return chain.more and self._free(chain) >= self._refill(chain)
+
+    def _claim_due(self, chain: Chain) -> int:
+        """Jobs the claim loop should claim for ``chain`` now (0: none)."""
+        free = self._free(chain)
+        return free if free > 0 and (not chain.more or free >= self._refill(chain)) else 0
+
+    def _set_more(self, chain: Chain, more: bool) -> None:
+        chain.more = more
+        self._more = any(c.more for c in self._chain_list())
 
     # Adaptive prefetch never goes past the larger of 2 x concurrency and this: a batch
     # of short jobs is claimed and completed for about the cost of one job.  Measured:
