@@ -1,25 +1,50 @@
-"""A Worker of several chains: each job is claimed, held and written by one chain, each
-chain's fused transaction completes its own batch and claims for itself, the fence holds
-on every chain, and the worker's one heartbeat and one stop cover them all."""
+"""Workers of several chains (Worker and AsyncWorker): each job is claimed, held and
+written by one chain, each chain's fused transaction completes its own batch and claims
+for itself, the fence holds on every chain, and the worker's one heartbeat and one stop
+cover them all."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from skiplock import App, ConfigError, Job, Queue, Worker
+from skiplock import App, AsyncWorker, ConfigError, Job, Queue, Worker
+from skiplock._aworker import _AChain
 from skiplock._job import Attempt
 from skiplock._queue import run_op
 from skiplock._worker import _Chain
 
 from .test_worker import counts, running, wait_until
+from .test_worker_logs import KINDS
+from .test_worker_logs import running as either_worker
+
+
+@contextmanager
+def chained(
+    kind: str, queue: Queue, handler: Callable[[Job], Any], **kw: Any
+) -> Iterator[Worker | AsyncWorker]:
+    """Either worker running ``handler``, a plain function that may block: the async
+    worker runs it in a thread of its loop."""
+
+    async def in_thread(job: Job) -> Any:
+        return await asyncio.to_thread(handler, job)
+
+    with either_worker(kind, queue, handler, in_thread, **kw) as w:
+        yield w
+
+
+def _holders(w: Worker | AsyncWorker) -> dict[int, int]:
+    """Job id -> index of the chain holding it (read from the worker's own map)."""
+    return {attempt[0]: chain.index for attempt, chain in list(w._chain_of.items())}
 
 
 def _completions(admin: psycopg.Connection[Any], schema: str) -> dict[int, int]:
@@ -69,6 +94,39 @@ class Routes:
         monkeypatch.setattr(Worker, "_complete_and_claim", _complete_and_claim)
 
 
+def test_async_chains_write_the_jobs_they_claimed(
+    queue: Queue, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken: dict[Attempt, int] = {}
+    written: list[tuple[Attempt, int]] = []
+    take, write = AsyncWorker._take, AsyncWorker._write
+
+    def _take(w: AsyncWorker, name: str, jobs: Sequence[Job], rtt: float, chain: _AChain) -> None:
+        taken.update((job.attempt, chain.index) for job in jobs)
+        take(w, name, jobs, rtt, chain)
+
+    async def _write(w: AsyncWorker, batch: Any, chain: _AChain, recheck: bool = False) -> None:
+        written.extend((job.attempt, chain.index) for job, _ in batch)
+        await write(w, batch, chain, recheck)
+
+    monkeypatch.setattr(AsyncWorker, "_take", _take)
+    monkeypatch.setattr(AsyncWorker, "_write", _write)
+    n = 3000
+    queue.enqueue_many([{"n": i} for i in range(n)])
+
+    async def noop(job: Job) -> None:
+        return None
+
+    with either_worker("async", queue, noop, noop, concurrency=8, lease=10) as w:
+        assert w.chains == 2
+        wait_until(lambda: counts(queue).get("done", 0) == n, what="drain", timeout=90)
+    assert set(_completions(admin, queue.schema).values()) == {1}
+    assert w.stats.completed == n and w.stats.lease_lost == 0
+    assert set(taken.values()) == {0, 1} and len(written) == n
+    assert all(taken[a] == c for a, c in written)
+    assert all(chain.held == 0 for chain in w._chains)
+
+
 def test_each_chain_writes_the_jobs_it_claimed_and_each_job_runs_once(
     queue: Queue, admin: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,8 +165,9 @@ def _waiting_on(admin: psycopg.Connection[Any], app: str, holder: int) -> bool:
     return row is not None and int(row[0]) > 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_stale_write_of_the_second_chain_changes_nothing(
-    queue: Queue, admin: psycopg.Connection[Any], dsn: str
+    kind: str, queue: Queue, admin: psycopg.Connection[Any], dsn: str
 ) -> None:
     """The second chain's job is taken over (lease expired, swept, claimed by another
     worker in a transaction still open); its writer's fenced completion waits on the
@@ -125,19 +184,22 @@ def test_a_stale_write_of_the_second_chain_changes_nothing(
     first = queue.enqueue({"which": "first"})
     second = queue.enqueue({"which": "second"})
     name = "chains-fence"
-    w = Worker(
-        queue,
-        handler,
-        concurrency=2,
-        chains=2,
-        prefetch=0,
-        lease=30,
-        sweep_interval=3600,
-        name=name,
-    )
-    with running(w), psycopg.connect(dsn) as takeover:
+    with (
+        chained(
+            kind,
+            queue,
+            handler,
+            concurrency=2,
+            chains=2,
+            prefetch=0,
+            lease=30,
+            sweep_interval=3600,
+            name=name,
+        ) as w,
+        psycopg.connect(dsn) as takeover,
+    ):
         assert entered["first"].wait(10) and entered["second"].wait(10)
-        assert {a[0]: c.index for a, c in w._chain_of.items()} == {first: 0, second: 1}
+        assert _holders(w) == {first: 0, second: 1}
         takeover.execute(
             sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1s' WHERE id = %s").format(
                 sql.Identifier(queue.schema)
@@ -165,8 +227,9 @@ def test_a_stale_write_of_the_second_chain_changes_nothing(
     queue.complete(theirs)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_one_heartbeat_keeps_every_chains_leases(
-    queue: Queue, admin: psycopg.Connection[Any]
+    kind: str, queue: Queue, admin: psycopg.Connection[Any]
 ) -> None:
     """Jobs of both chains outlive a short lease several times over: the worker's one
     heartbeat extends them all, and none is swept, lost or run twice."""
@@ -176,10 +239,11 @@ def test_one_heartbeat_keeps_every_chains_leases(
     def handler(job: Job) -> None:
         threading.Event().wait(2.5)
 
-    w = Worker(queue, handler, concurrency=4, chains=2, prefetch=0, lease=0.9, sweep_interval=0.2)
-    with running(w):
+    with chained(
+        kind, queue, handler, concurrency=4, chains=2, prefetch=0, lease=0.9, sweep_interval=0.2
+    ) as w:
         wait_until(lambda: len(w._chain_of) == 4, what="all four held")
-        went = {a[0]: c.index for a, c in w._chain_of.items()}
+        went = _holders(w)
         wait_until(lambda: counts(queue).get("done", 0) == 4, what="done", timeout=30)
     assert sorted(went) == sorted(ids) and set(went.values()) == {0, 1}
     assert set(_completions(admin, queue.schema).values()) == {1}
@@ -190,8 +254,9 @@ def test_one_heartbeat_keeps_every_chains_leases(
     assert w.stats.lease_lost == 0 and w.stats.sweeps_recovered == 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
 def test_stop_releases_what_every_chain_prefetched(
-    queue: Queue, admin: psycopg.Connection[Any]
+    kind: str, queue: Queue, admin: psycopg.Connection[Any]
 ) -> None:
     """A stop gives back the unstarted jobs of both chains, attempts and all, and
     lets the running ones finish: nothing stays running, nothing is charged."""
@@ -203,15 +268,13 @@ def test_stop_releases_what_every_chain_prefetched(
         finish.wait(10)
 
     queue.enqueue_many([{"n": i} for i in range(200)])
-    w = Worker(queue, handler, concurrency=4, chains=2, prefetch=20, lease=10)
-    t = w.start()
-    for _ in range(4):
-        assert started.acquire(timeout=10)
-    wait_until(lambda: all(c.held > c.share for c in w._chains), what="both chains prefetched")
-    w.stop()
-    finish.set()
-    t.join(30)
-    assert not t.is_alive()
+    with chained(kind, queue, handler, concurrency=4, chains=2, prefetch=20, lease=10) as w:
+        for _ in range(4):
+            assert started.acquire(timeout=10)
+        chains: Sequence[Any] = w._chains
+        wait_until(lambda: all(c.held > c.share for c in chains), what="both chains prefetched")
+        w.stop()
+        finish.set()
     by_status = counts(queue)
     assert "running" not in by_status
     assert by_status.get("done", 0) == w.stats.completed
@@ -231,6 +294,12 @@ def test_stop_releases_what_every_chain_prefetched(
 def test_how_many_chains(queue: Queue, dsn: str) -> None:
     def noop(job: Job) -> None: ...
 
+    async def anoop(job: Job) -> None: ...
+
+    assert AsyncWorker(queue, anoop, concurrency=8).chains == 2
+    assert AsyncWorker(queue, anoop, concurrency=2).chains == 1
+    with pytest.raises(ConfigError, match="chains must be 1 to concurrency"):
+        AsyncWorker(queue, anoop, concurrency=2, chains=3)
     assert Worker(queue, noop).chains == 2
     assert Worker(queue, noop, concurrency=3).chains == 1
     assert Worker(queue, noop, concurrency=8, fuse_claims=False).chains == 1
