@@ -15,6 +15,9 @@ jobs once per shape, the order reversed every other round, each on a schema of i
   claim-and-write chains (``one8`` / ``async-one8`` run the default, 2 since
   December 2026).
 
+Each drain also prints the process's CPU time per job and its CPU over wall time (1.0:
+one core busy all along): a chain that waits for the server leaves the process idle.
+
 The DSN is $SKIPLOCK_BENCH_DSN or the local server.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import statistics
 import sys
 import time
@@ -87,8 +91,14 @@ async def on_one_loop(q: Queue, n: int, k: int, c: int, chains: int | None = Non
     return secs
 
 
-def drain(shape: str, n: int) -> float:
-    """Jobs/s of one drain of ``n`` no-op jobs in ``shape``."""
+def _cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def drain(shape: str, n: int) -> tuple[float, float]:
+    """Jobs/s of one drain of ``n`` no-op jobs in ``shape``, and the process's CPU
+    seconds over the drain's."""
     schema = f"chains_{uuid.uuid4().hex[:8]}"
     q = Queue(DSN, schema=schema, max_size=6)
     q.migrate()
@@ -97,6 +107,7 @@ def drain(shape: str, n: int) -> float:
             for index in DROPS.get(shape, []):
                 conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(schema, index)))
         q.enqueue_many([{}] * n)
+        cpu = _cpu()
         if shape in ASYNC:
             secs = asyncio.run(on_one_loop(q, n, *ASYNC[shape]))
         elif shape.startswith("share="):
@@ -108,6 +119,7 @@ def drain(shape: str, n: int) -> float:
             secs = threaded(q, n, 1, 8, chains=int(shape.removeprefix("chains=")))
         else:
             secs = threaded(q, n, *THREADED.get(shape, (1, 8)))
+        cpu = _cpu() - cpu
         with psycopg.connect(DSN, autocommit=True) as conn:
             # Every job done once: a job run twice would reach N handler calls early.
             done, twice = conn.execute(
@@ -122,7 +134,7 @@ def drain(shape: str, n: int) -> float:
         q.close()
         with psycopg.connect(DSN, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-    return n / secs
+    return n / secs, cpu / secs
 
 
 def main() -> None:
@@ -137,8 +149,13 @@ def main() -> None:
     rates: dict[str, list[float]] = {s: [] for s in shapes}
     for r in range(rounds):
         for shape in shapes if r % 2 == 0 else shapes[::-1]:
-            rates[shape].append(drain(shape, n))
-            print(f"round {r + 1} {shape}: {rates[shape][-1]:,.0f} jobs/s", flush=True)
+            rate, busy = drain(shape, n)
+            rates[shape].append(rate)
+            print(
+                f"round {r + 1} {shape}: {rate:,.0f} jobs/s, "
+                f"process CPU {busy / rate * 1e6:.1f} us a job, CPU / wall {busy:.2f}",
+                flush=True,
+            )
     first = statistics.median(rates[shapes[0]])
     for shape in shapes:
         med = statistics.median(rates[shape])

@@ -63,7 +63,7 @@ class AsyncWorker(WorkerBase):
     The arguments and their meaning are ``Worker``'s (see there), except that
     handlers must be coroutine functions.  ``prefetch`` works as there: by default
     about as many jobs beyond ``concurrency`` as the handlers finish during one claim
-    round trip (up to 2 x concurrency or 64, whichever is larger), so short jobs are
+    round trip (up to 2 x concurrency or 256, whichever is larger), so short jobs are
     claimed and completed in batches instead of a few at a time.  Run it with
     ``await worker.run()``; ``worker.stop()`` (from the loop, a signal handler or
     another thread) ends it gracefully.  ``fuse_claims`` (on by default, as in
@@ -71,7 +71,8 @@ class AsyncWorker(WorkerBase):
     one pipelined transaction, on one pooled connection (psycopg's async pipeline);
     ``fuse_claims=False`` completes and claims in transactions of their own.
     ``chains`` as in ``Worker``: default 2 with ``fuse_claims`` from concurrency 4,
-    each writing on a pooled connection of its own (bench/README.md, "Two chains").
+    each writing on a pooled connection of its own (docs/architecture.md, "Two chains in
+    one Worker").
     """
 
     def __init__(

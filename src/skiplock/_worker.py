@@ -104,8 +104,9 @@ class Worker(WorkerBase):
     prefetch
         Jobs claimed beyond ``concurrency`` so the next job is ready when a handler
         frees up.  Default: adaptive, about the jobs handlers finish during one claim
-        round trip (none for slow jobs, up to ``2 * concurrency`` or 64, whichever is
-        larger, for fast ones).
+        round trip (none for slow jobs, up to ``2 * concurrency`` or 256, whichever is
+        larger, for fast ones), per chain: each sizes its own on its share of the
+        handlers, and a fixed number is split between them.
         Prefetched jobs hold a lease (heartbeated) and are released, attempt given
         back, at shutdown.
     lease
@@ -168,7 +169,7 @@ class Worker(WorkerBase):
         chain runs its Python and its database round trips one after the other, so it
         keeps about one core busy; a second overlaps them, about 1.2-1.3x the drain rate
         of short jobs in one process, for one more connection
-        (``skiplock worker --chains``; docs/architecture.md, "Two chains").
+        (``skiplock worker --chains``; docs/architecture.md, "Two chains in one Worker").
     """
 
     def __init__(
