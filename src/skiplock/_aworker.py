@@ -142,6 +142,9 @@ class AsyncWorker(WorkerBase):
         ]
         # The chain that claimed each job held, and writes its outcome.
         self._chain_of: dict[Attempt, _AChain] = {}
+        # Jobs a writer is writing: a heartbeat (the first chain's writer) that finds
+        # one no longer running may be seeing another chain's completion, not a loss.
+        self._writing: set[Attempt] = set()
         self._held: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._unstarted: deque[Job] = deque()  # held, waiting for a free handler slot
         # The running handlers' tasks; a task leaves when its outcome is handed to the
@@ -576,6 +579,7 @@ class AsyncWorker(WorkerBase):
         self, batch: list[tuple[Job, Outcome]], chain: _AChain, recheck: bool = False
     ) -> None:
         assert self._q is not None and self._stopping is not None
+        self._writing.update(job.attempt for job, _ in batch)
         done, failed = self.split(batch)
         if done:
             if self.fuse_claims and not self._stopping.is_set():
@@ -628,6 +632,7 @@ class AsyncWorker(WorkerBase):
         for job in jobs:
             self._drop_held(job.attempt)
             self._chain_of.pop(job.attempt, None)
+            self._writing.discard(job.attempt)
         if self._wake is not None:
             self._wake.set()  # a slot is free
 
@@ -636,6 +641,7 @@ class AsyncWorker(WorkerBase):
         jobs = self.inflight()
         if not jobs:
             return
+        writing = set(self._writing)
         try:
             res = await self._q.heartbeat_many(jobs, lease=self.lease)
         except Exception as exc:
@@ -643,7 +649,11 @@ class AsyncWorker(WorkerBase):
             self._missed(jobs)
             logger.warning("worker %s: heartbeat failed (%s)", self.name, one_line(exc))
             return
-        for job in self.beaten(jobs, res):
+        # Another chain's writer may have completed some of them meanwhile: its own
+        # fenced answer says what happened to those, not this beat.
+        writing |= self._writing
+        ours = [job for job in jobs if job.attempt not in writing and job.attempt in self._held]
+        for job in self.beaten(ours, res):
             self._drop_held(job.attempt)
         self._cancel_requested()
 
