@@ -24,6 +24,7 @@ from skiplock._queue import run_op
 from skiplock._worker import _Chain
 
 from .test_worker import counts, running, wait_until
+from .test_worker_fused import _completions, _waiting_on
 from .test_worker_logs import KINDS
 from .test_worker_logs import running as either_worker
 
@@ -47,11 +48,23 @@ def _holders(w: Worker | AsyncWorker) -> dict[int, int]:
     return {attempt[0]: chain.index for attempt, chain in list(w._chain_of.items())}
 
 
-def _completions(admin: psycopg.Connection[Any], schema: str) -> dict[int, int]:
-    rows = admin.execute(
-        sql.SQL("SELECT id, completions FROM {}.jobs").format(sql.Identifier(schema))
-    ).fetchall()
-    return {int(r[0]): int(r[1]) for r in rows}
+class TwoGated:
+    """Two jobs, ``first`` then ``second``, whose handlers block until their gate opens
+    (so with two chains of one handler each, the first chain holds ``first``)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.gates = {"first": threading.Event(), "second": threading.Event()}
+        self.entered = {"first": threading.Event(), "second": threading.Event()}
+        self.first = queue.enqueue({"which": "first"})
+        self.second = queue.enqueue({"which": "second"})
+
+    def handler(self, job: Job) -> None:
+        which = job.payload["which"]
+        self.entered[which].set()
+        self.gates[which].wait(30)
+
+    def both_running(self) -> bool:
+        return self.entered["first"].wait(10) and self.entered["second"].wait(10)
 
 
 class Routes:
@@ -156,15 +169,6 @@ def test_each_chain_writes_the_jobs_it_claimed_and_each_job_runs_once(
     assert all(chain.held == 0 for chain in w._chains)
 
 
-def _waiting_on(admin: psycopg.Connection[Any], app: str, holder: int) -> bool:
-    row = admin.execute(
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE application_name = %s AND %s = ANY(pg_blocking_pids(pid))",
-        (app, holder),
-    ).fetchone()
-    return row is not None and int(row[0]) > 0
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_stale_write_of_the_second_chain_changes_nothing(
     kind: str, queue: Queue, admin: psycopg.Connection[Any], dsn: str
@@ -173,22 +177,14 @@ def test_a_stale_write_of_the_second_chain_changes_nothing(
     worker in a transaction still open); its writer's fenced completion waits on the
     row, then finds another token: LeaseLost, nothing changed.  The first chain's job,
     still running, is untouched and completes once."""
-    gates = {"first": threading.Event(), "second": threading.Event()}
-    entered = {"first": threading.Event(), "second": threading.Event()}
-
-    def handler(job: Job) -> None:
-        which = job.payload["which"]
-        entered[which].set()
-        gates[which].wait(30)
-
-    first = queue.enqueue({"which": "first"})
-    second = queue.enqueue({"which": "second"})
+    two = TwoGated(queue)
+    first, second, gates = two.first, two.second, two.gates
     name = "chains-fence"
     with (
         chained(
             kind,
             queue,
-            handler,
+            two.handler,
             concurrency=2,
             chains=2,
             prefetch=0,
@@ -198,7 +194,7 @@ def test_a_stale_write_of_the_second_chain_changes_nothing(
         ) as w,
         psycopg.connect(dsn) as takeover,
     ):
-        assert entered["first"].wait(10) and entered["second"].wait(10)
+        assert two.both_running()
         assert _holders(w) == {first: 0, second: 1}
         takeover.execute(
             sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1s' WHERE id = %s").format(
@@ -338,23 +334,15 @@ def test_a_heartbeat_that_crosses_another_chains_completion_loses_nothing(
     running.  That is the worker's own completion, not a lost lease: nothing is
     reported lost, and both jobs complete once.  (The async worker reported it lost,
     and the chaos checker caught it: 27 writes reported lost had committed.)"""
-    gates = {"first": threading.Event(), "second": threading.Event()}
-    entered = {"first": threading.Event(), "second": threading.Event()}
-
-    def handler(job: Job) -> None:
-        which = job.payload["which"]
-        entered[which].set()
-        gates[which].wait(30)
-
-    first = queue.enqueue({"which": "first"})
-    second = queue.enqueue({"which": "second"})
+    two = TwoGated(queue)
+    first, second, gates = two.first, two.second, two.gates
     name = f"chains-beat-{kind}"
     kw: dict[str, Any] = {"concurrency": 2, "chains": 2, "prefetch": 0, "name": name}
     with (
-        chained(kind, queue, handler, lease=30, heartbeat_interval=0.2, **kw) as w,
+        chained(kind, queue, two.handler, lease=30, heartbeat_interval=0.2, **kw) as w,
         psycopg.connect(dsn) as blocker,
     ):
-        assert entered["first"].wait(10) and entered["second"].wait(10)
+        assert two.both_running()
         assert _holders(w) == {first: 0, second: 1}
         jobs = sql.Identifier(queue.schema, "jobs")
         blocker.execute(sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(jobs), (first,))
