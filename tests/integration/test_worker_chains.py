@@ -76,7 +76,8 @@ class Routes:
         self.written: list[tuple[Attempt, int]] = []
         self.fused_claims: dict[int, int] = {}  # chain -> jobs its writer claimed
         self.lock = threading.Lock()
-        take, write, fused = Worker._take, Worker._write, Worker._complete_and_claim
+        take, write, fused = Worker._take, Worker._write, Queue._complete_and_claim
+        chain_of_queue: dict[int, int] = {}  # id of a chain's write Queue -> chain
         routes = self
 
         def _take(
@@ -89,22 +90,23 @@ class Routes:
 
         def _write(w: Worker, batch: Any, chain: _Chain, recheck: bool = False) -> None:
             with routes.lock:
+                chain_of_queue[id(chain.wq)] = chain.index
                 routes.written += [(job.attempt, chain.index) for job, _ in batch]
             write(w, batch, chain, recheck)
 
-        def _complete_and_claim(w: Worker, done: Any, chain: _Chain, recheck: bool) -> Any:
-            before = chain.held
-            res = fused(w, done, chain, recheck)
+        def _complete_and_claim(q: Queue, items: Any, claim: Any, **kw: Any) -> Any:
+            # What the fused transaction itself answered, on the Queue it ran on.
+            res, claimed = fused(q, items, claim, **kw)
             with routes.lock:
-                # Held after = held before - done + claimed, all on this chain.
-                claimed = chain.held - before + len(done)
-                routes.fused_claims[chain.index] = routes.fused_claims.get(chain.index, 0)
-                routes.fused_claims[chain.index] += max(0, claimed)
-            return res
+                index = chain_of_queue.get(id(q))
+                if index is not None and claimed:
+                    routes.fused_claims[index] = routes.fused_claims.get(index, 0)
+                    routes.fused_claims[index] += len(claimed)
+            return res, claimed
 
         monkeypatch.setattr(Worker, "_take", _take)
         monkeypatch.setattr(Worker, "_write", _write)
-        monkeypatch.setattr(Worker, "_complete_and_claim", _complete_and_claim)
+        monkeypatch.setattr(Queue, "_complete_and_claim", _complete_and_claim)
 
 
 def test_async_chains_write_the_jobs_they_claimed(
