@@ -13,7 +13,9 @@ jobs once per shape, the order reversed every other round, each on a schema of i
 - ``share=X``: one ``Worker`` of 8 whose ``UPKEEP_SHARE`` is X (shipped: 0.25);
 - ``chains=K`` / ``async-chains=K``: one ``Worker`` / ``AsyncWorker`` of 8 running K
   claim-and-write chains (``one8`` / ``async-one8`` run the default, 2 since
-  December 2026).
+  December 2026);
+- ``composed-SHAPE``: SHAPE with psycopg rendering each named statement on every
+  execute, as before the statements kept their bytes (``skiplock._sql._Rendered``).
 
 Each drain also prints the process's CPU time per job and its CPU over wall time (1.0:
 one core busy all along): a chain that waits for the server leaves the process idle.
@@ -36,6 +38,7 @@ from drain_once import Counting
 from psycopg import sql
 
 from skiplock import AsyncWorker, Job, Queue, Worker
+from skiplock._sql import _Rendered
 
 DSN = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 THREADED = {"one8": (1, 8), "two4": (2, 4), "two8": (2, 8)}
@@ -99,6 +102,13 @@ def _cpu() -> float:
 def drain(shape: str, n: int) -> tuple[float, float]:
     """Jobs/s of one drain of ``n`` no-op jobs in ``shape``, and the process's CPU
     seconds over the drain's."""
+    if shape.startswith("composed-"):
+        kept = _Rendered.as_bytes
+        _Rendered.as_bytes = sql.Composed.as_bytes  # type: ignore[method-assign]
+        try:
+            return drain(shape.removeprefix("composed-"), n)
+        finally:
+            _Rendered.as_bytes = kept  # type: ignore[method-assign]
     schema = f"chains_{uuid.uuid4().hex[:8]}"
     q = Queue(DSN, schema=schema, max_size=6)
     q.migrate()
@@ -141,10 +151,11 @@ def main() -> None:
     n, rounds, shapes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
     known = {*THREADED, *ASYNC, *DROPS}
     for shape in shapes:
-        if shape not in known and not shape.startswith(("share=", "chains=", "async-chains=")):
+        base = shape.removeprefix("composed-")
+        if base not in known and not base.startswith(("share=", "chains=", "async-chains=")):
             raise SystemExit(
                 f"unknown shape {shape!r}: one of {sorted(known)}, share=X, "
-                "chains=K or async-chains=K"
+                "chains=K or async-chains=K, each also as composed-SHAPE"
             )
     rates: dict[str, list[float]] = {s: [] for s in shapes}
     for r in range(rounds):
