@@ -54,6 +54,7 @@ T = TypeVar("T")
 
 async def _run_step(cur: psycopg.AsyncCursor[Any], step: Execute | Copy) -> list[Any]:
     if isinstance(step, Execute):
+        cur.row_factory = step.rows or dict_row
         await cur.execute(step.query, step.params)
         return await cur.fetchall() if cur.description is not None else []
     async with cur.copy(step.query) as copy:
@@ -95,6 +96,7 @@ async def arun_together(
         async with conn.pipeline(), conn.transaction():
             for cur, step in zip(cursors, steps, strict=True):
                 assert isinstance(step, Execute)
+                cur.row_factory = step.rows or dict_row
                 await cur.execute(step.query, step.params)
         out: list[Any] = []
         for op, cur in zip(ops, cursors, strict=True):

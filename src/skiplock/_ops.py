@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar, cast
@@ -21,7 +21,7 @@ from psycopg import errors as pgerrors
 from psycopg import sql
 
 from ._errors import PayloadError, SkiplockError
-from ._job import Job
+from ._job import ClaimedRow, Job, claimed_rows
 from ._sql import Statements
 
 __all__ = [
@@ -49,6 +49,8 @@ ClaimPosition = tuple[int, datetime, int]
 class Execute:
     query: sql.SQL | sql.Composed
     params: Mapping[str, Any] | None = None
+    # How the driver makes the rows it sends back (None: a dict per row, ``Row``).
+    rows: Callable[[Any], Callable[[Sequence[Any]], Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,15 +416,15 @@ def claim(
         "from_id": i,
         "tasks": None if tasks is None else list(tasks),
     }
-    rows = yield Execute(stmts.claim, params)
-    if rows and rows[0]["queue_limited"]:
+    rows = cast(list[ClaimedRow], (yield Execute(stmts.claim, params, claimed_rows)))
+    if rows and rows[0][1]:  # a limited queue
         if own_transaction:
             yield Execute(sql.SQL("BEGIN"))
         yield Execute(stmts.lock_queue, {"queue": queue})
-        rows = yield Execute(stmts.claim_limited, params)
+        rows = cast(list[ClaimedRow], (yield Execute(stmts.claim_limited, params, claimed_rows)))
         if own_transaction:
             yield Execute(sql.SQL("COMMIT"))
-    jobs = [Job.from_row(r) for r in rows if r["id"] is not None]
+    jobs = [job for job, _ in rows if job is not None]
     # RETURNING order is unspecified; hand jobs out in claim order.
     jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
     return jobs

@@ -48,6 +48,7 @@ T = TypeVar("T")
 
 def _run_step(cur: psycopg.Cursor[Any], step: Execute | Copy) -> list[Any]:
     if isinstance(step, Execute):
+        cur.row_factory = step.rows or dict_row
         cur.execute(step.query, step.params)
         return cur.fetchall() if cur.description is not None else []
     with cur.copy(step.query) as copy:
@@ -87,6 +88,7 @@ def run_together(
         with conn.pipeline(), conn.transaction():
             for cur, step in zip(cursors, steps, strict=True):
                 assert isinstance(step, Execute)
+                cur.row_factory = step.rows or dict_row
                 cur.execute(step.query, step.params)
         out: list[Any] = []
         for op, cur in zip(ops, cursors, strict=True):
