@@ -25,7 +25,7 @@ from ._config import (
 )
 from ._embedded import embedded_dsn
 from ._errors import ConfigError, DatabaseUnavailable, LeaseLost, PayloadError
-from ._job import Job
+from ._job import Job, skiplock_adapters
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
 
@@ -83,6 +83,7 @@ class QueueSettings:
     def connect_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "autocommit": True,
+            "context": skiplock_adapters(),
             "application_name": self.application_name[:63],
             "connect_timeout": max(1, int(self.connect_timeout)),
         }

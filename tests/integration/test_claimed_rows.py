@@ -51,3 +51,22 @@ def test_a_cancel_requested_before_the_claim_reaches_the_job(
     )
     [job] = queue.claim(worker="w", limit=1)
     assert job.id == job_id and job.cancelled
+
+
+def test_skiplock_connections_read_jsonb_with_the_payload_loader(queue: Queue) -> None:
+    """Connections skiplock opens read ``jsonb`` with ``PayloadLoader``; psycopg's global
+    adapters, which the application's own connections use, are left as they were."""
+    from psycopg.pq import Format
+
+    from skiplock._job import PayloadLoader
+
+    jsonb = psycopg.adapters.types["jsonb"].oid
+    with queue.connection() as conn:
+        assert conn.adapters.get_loader(jsonb, Format.TEXT) is PayloadLoader
+    assert psycopg.adapters.get_loader(jsonb, Format.TEXT) is not PayloadLoader
+    with psycopg.connect(queue.settings.dsn) as own:
+        assert own.adapters.get_loader(jsonb, Format.TEXT) is not PayloadLoader
+    payload = {"é": ["ü", 1.5, None, True, {"deep": [1, "\u2603"]}], "n": 10**20}
+    queue.enqueue(payload)
+    [job] = queue.claim(worker="w", limit=1)
+    assert job.payload == payload
