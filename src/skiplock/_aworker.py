@@ -42,7 +42,7 @@ from ._aqueue import AsyncQueue
 from ._base import QueueBase, backoff
 from ._cursor import ClaimCursor
 from ._errors import ConfigError, SkiplockError
-from ._handlers import Handler, Outcome, failed_outcome, ok_outcome
+from ._handlers import Handler, Outcome, RunTime, failed_outcome, ok_outcome
 from ._job import Attempt, Job
 from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
@@ -135,7 +135,7 @@ class AsyncWorker(WorkerBase):
                 )
         self._q: AsyncQueue | None = None
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
-        self._mean_runtime = 1.0
+        self._runtime = RunTime()
         self._chains = [
             _AChain(i, *share)
             for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
@@ -183,7 +183,7 @@ class AsyncWorker(WorkerBase):
         return self._chains
 
     def _mean_runtime_now(self) -> float:
-        return self._mean_runtime
+        return self._runtime.value
 
     # -- run -------------------------------------------------------------------------------
 
@@ -395,7 +395,7 @@ class AsyncWorker(WorkerBase):
         if self._tasks.get(job.attempt) is not task:
             return  # timed out (reported then) or abandoned at shutdown
         del self._tasks[job.attempt]
-        self._mean_runtime += 0.05 * (time.monotonic() - began - self._mean_runtime)
+        self._runtime.add(time.monotonic() - began)
         if task.cancelled():
             if job.cancelled:
                 outcome = failed_outcome(asyncio.CancelledError(), job, timeout)

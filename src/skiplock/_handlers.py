@@ -23,6 +23,7 @@ from ._job import Attempt, Job
 __all__ = [
     "HandlerPool",
     "Outcome",
+    "RunTime",
     "failed_outcome",
     "load_handler",
     "load_object",
@@ -190,6 +191,33 @@ def load_handler(path: str) -> Handler:
     return target  # type: ignore[no-any-return]
 
 
+class RunTime:
+    """The handlers' run time as the adaptive prefetch reads it: a moving average that
+    starts from the jobs seen, not from its prior.
+
+    Until the first job ends the worker knows nothing and assumes slow jobs (``PRIOR``,
+    1 s): it prefetches nothing, so a slow job never waits behind another.  It used to
+    move from there by 5 % a job, so no-op jobs took about 200 jobs to be seen as fast,
+    and a worker that started on a backlog ran its first ~100 ms at a tenth of its rate,
+    claiming a chain's share at a time (bench/README.md: ~8 % of a 20,000-job drain).
+    Now the first ``1 / WEIGHT`` jobs are averaged plainly (weight 1/n), and only then
+    does it weigh each new job by ``WEIGHT``: the first job's own time replaces the
+    prior, and a few more steady it.
+    """
+
+    PRIOR = 1.0
+    WEIGHT = 0.05
+    __slots__ = ("_seen", "value")
+
+    def __init__(self, prior: float = PRIOR) -> None:
+        self.value = prior
+        self._seen = 0
+
+    def add(self, seconds: float) -> None:
+        self._seen += 1
+        self.value += max(self.WEIGHT, 1.0 / self._seen) * (seconds - self.value)
+
+
 @dataclass(slots=True)
 class _Running:
     job: Job
@@ -225,8 +253,8 @@ class HandlerPool:
         self._idle = threading.Condition(self._lock)
         self._threads: list[threading.Thread] = []
         self._serial = 0
-        # Moving average of handler run time; the worker sizes its prefetch from it.
-        self.mean_runtime = 1.0
+        # The handlers' run time; the worker sizes its prefetch from it.
+        self.runtime = RunTime()
         for _ in range(size):
             self._spawn()
 
@@ -260,7 +288,7 @@ class HandlerPool:
                     )
                     return
                 del self._running[job.attempt]
-                self.mean_runtime += 0.05 * (took - self.mean_runtime)
+                self.runtime.add(took)
                 self._idle.notify_all()
             self._on_done(job, outcome)
 

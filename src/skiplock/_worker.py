@@ -46,7 +46,7 @@ from psycopg import sql
 from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
 from ._errors import SkiplockError
-from ._handlers import Handler, HandlerPool, Outcome, run_handler
+from ._handlers import Handler, HandlerPool, Outcome, RunTime, run_handler
 from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import FenceResult
@@ -262,7 +262,7 @@ class Worker(WorkerBase):
         return self._chains
 
     def _mean_runtime_now(self) -> float:
-        return self._pool.mean_runtime if self._pool is not None else 1.0
+        return self._pool.runtime.value if self._pool is not None else RunTime.PRIOR
 
     # -- public control ------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from skiplock._handlers import RunTime
 from skiplock._workerbase import WorkerBase
 
 RTT = 0.002  # a claim round trip of 2 ms
@@ -52,3 +53,32 @@ def test_a_fixed_prefetch_is_kept() -> None:
     w = worker(8)
     assert w.adaptive_prefetch(3, mean_runtime=1e-6, claim_rtt=RTT) == 3
     assert w.adaptive_prefetch(500, mean_runtime=10.0, claim_rtt=RTT) == 500
+
+
+def test_before_any_job_ends_nothing_is_prefetched() -> None:
+    # The prior says slow: a slow first job never waits behind another.
+    assert worker(8).adaptive_prefetch(None, RunTime().value, claim_rtt=RTT) == 0
+
+
+def test_the_first_job_replaces_the_prior() -> None:
+    """A worker that starts on a backlog of short jobs prefetches deep after its first
+    job, not after ~200 of them (5 % a job from a 1 s prior)."""
+    rt = RunTime()
+    rt.add(0.00002)
+    assert rt.value == pytest.approx(0.00002)
+    assert worker(8).adaptive_prefetch(None, rt.value, claim_rtt=RTT) == 256
+    # A slow first job after all: still none.
+    slow = RunTime()
+    slow.add(2.0)
+    assert worker(8).adaptive_prefetch(None, slow.value, claim_rtt=RTT) == 0
+
+
+def test_the_first_jobs_are_averaged_then_each_new_one_weighs_five_percent() -> None:
+    rt = RunTime()
+    times = [0.001 * (i + 1) for i in range(20)]
+    for t in times:
+        rt.add(t)
+    assert rt.value == pytest.approx(sum(times) / len(times))
+    before = rt.value
+    rt.add(1.0)
+    assert rt.value == pytest.approx(before + RunTime.WEIGHT * (1.0 - before))
