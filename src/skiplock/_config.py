@@ -61,6 +61,9 @@ def check_dsn(dsn: str) -> str:
     return dsn
 
 
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('[^']*'|.*?(?=\s+\w+\s*=|\Z))", re.I | re.S)
+
+
 def redact_dsn(dsn: str) -> str:
     """Return ``dsn`` with any password replaced by ``***``, safe for logs and errors."""
     try:
@@ -69,7 +72,10 @@ def redact_dsn(dsn: str) -> str:
         # Unparsable: mask anything that looks like a password in either form.
         # A URL's password runs to its last "@" (it may hold "/", "?" or "@" unescaped).
         masked = re.sub(r"(://[^:/@]*:).*@", r"\1***@", dsn, flags=re.S)
-        return re.sub(r"(password\s*=\s*)('[^']*'|\S+)", r"\1***", masked, flags=re.I)
+        # An unquoted key=value password runs to the next " key=" or the end: libpq
+        # splits at any whitespace (a "\r" too), but what follows it in a DSN it cannot
+        # parse may still be the password's tail.
+        return re.sub(_KV_PASSWORD, r"\1***", masked)
     if "password" in params:
         params["password"] = "***"
     return make_conninfo("", **{k: str(v) for k, v in params.items() if v is not None})

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from skiplock import ConfigError, PayloadError, Queue, SkiplockError
@@ -177,6 +177,9 @@ def _leaks(text: str, pw: str, dsn: str) -> bool:
 
 
 @given(dsn_with_password())
+# Found by hypothesis in CI: libpq splits at "\r", so the DSN does not parse, and the
+# fallback's mask stopped there and left the password's tail in sight.
+@example(("host=0 user=0 password=*\r0000 dbname=0", "*\r0000"))
 def test_no_dsn_shown_or_refused_ever_carries_its_password(case: tuple[str, str]) -> None:
     CASES["dsn password"] += 1
     dsn, pw = case
