@@ -30,13 +30,15 @@ def drain(src: str, n: int, shapes: str) -> dict[str, tuple[float, float]]:
     """One round of ``chains_ab.py`` with ``src`` first on the path: shape -> (jobs/s,
     process CPU µs a job)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(HERE)])}
-    out = subprocess.run(
+    run = subprocess.run(
         [sys.executable, str(HERE / "chains_ab.py"), str(n), "1", shapes],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
+    )
+    if run.returncode != 0:
+        raise SystemExit(f"chains_ab.py with {src} exited {run.returncode}:\n{run.stderr}")
+    out = run.stdout
     found = {m[1]: (float(m[2].replace(",", "")), float(m[3])) for m in ROUND.finditer(out)}
     if set(found) != set(shapes.split(",")):
         raise SystemExit(f"unexpected output from chains_ab.py:\n{out}")

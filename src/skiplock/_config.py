@@ -75,7 +75,7 @@ def redact_dsn(dsn: str) -> str:
         # An unquoted key=value password runs to the next " key=" or the end: libpq
         # splits at any whitespace (a "\r" too), but what follows it in a DSN it cannot
         # parse may still be the password's tail.
-        return re.sub(_KV_PASSWORD, r"\1***", masked)
+        return _KV_PASSWORD.sub(r"\1***", masked)
     if "password" in params:
         params["password"] = "***"
     return make_conninfo("", **{k: str(v) for k, v in params.items() if v is not None})
