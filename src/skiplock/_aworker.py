@@ -28,7 +28,6 @@ import functools
 import inspect
 import logging
 import math
-import random
 import threading
 import time
 from collections import deque
@@ -155,6 +154,7 @@ class AsyncWorker(WorkerBase):
         self._wake: asyncio.Event | None = None
         self._upkeep_wanted: asyncio.Event | None = None  # set by each sweep
         self._beat_now: asyncio.Event | None = None
+        self._mark_now: asyncio.Event | None = None  # the listener's connection broke
         self._stop_requested = False
         self._hard = False
 
@@ -192,7 +192,8 @@ class AsyncWorker(WorkerBase):
         if self._loop is not None:
             raise RuntimeError("worker already running")
         self._loop = asyncio.get_running_loop()
-        self._stopping, self._wake, self._beat_now, self._upkeep_wanted = (
+        self._stopping, self._wake, self._beat_now, self._upkeep_wanted, self._mark_now = (
+            asyncio.Event(),
             asyncio.Event(),
             asyncio.Event(),
             asyncio.Event(),
@@ -254,7 +255,7 @@ class AsyncWorker(WorkerBase):
     async def _keep_liveness(self) -> None:
         """The liveness mark and sweep_dead (see _liveness.py), on a thread: one small
         statement every quarter second, on a connection of its own."""
-        assert self._wake is not None
+        assert self._wake is not None and self._mark_now is not None
         live = self._liveness()
         trouble = Trouble(self.name, "liveness check")
         try:
@@ -268,7 +269,11 @@ class AsyncWorker(WorkerBase):
                 if n:
                     self.dead_swept(n)
                     self._wake.set()
-                await asyncio.sleep(self.LIVENESS_INTERVAL * random.uniform(0.8, 1.2))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._mark_now.wait(), live.pause(trouble.failures, self.LIVENESS_INTERVAL)
+                    )
+                self._mark_now.clear()
         finally:
             # A step still running in its thread holds the lane: close waits for it.
             await asyncio.to_thread(live.close)
@@ -661,7 +666,7 @@ class AsyncWorker(WorkerBase):
 
     async def _listener(self) -> None:
         assert self._stopping is not None and self._wake is not None
-        assert self._beat_now is not None
+        assert self._beat_now is not None and self._mark_now is not None
         wanted = set(self.queues)
         channel = sql.Identifier(channel_name(self._settings.schema))
         failures = 0
@@ -686,6 +691,7 @@ class AsyncWorker(WorkerBase):
                                     self._beat_now.set()
             except psycopg.Error as exc:
                 failures += 1
+                self._mark_now.set()  # the liveness connection may be gone too
                 if failures == 1:
                     logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
                 with contextlib.suppress(TimeoutError):

@@ -33,7 +33,6 @@ lease instead of seconds.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -241,6 +240,7 @@ class Worker(WorkerBase):
         self._retry_cap = min(0.25, self.lease / 8)
         self._beat_now = threading.Event()  # a cancel of a job we hold was announced
         self._beats_done = threading.Event()
+        self._mark_now = threading.Event()  # the listener's connection broke: re-mark
         # By attempt (id, token): after a lease ran out this worker may claim the same
         # job again while its old attempt still runs.
         self._deadline: dict[Attempt, float] = {}  # when its lease ends, at the latest
@@ -683,7 +683,8 @@ class Worker(WorkerBase):
                 if n:
                     self.dead_swept(n)
                     self._wake.set()
-                self._beats_done.wait(self.LIVENESS_INTERVAL * random.uniform(0.8, 1.2))
+                self._mark_now.wait(live.pause(trouble.failures, self.LIVENESS_INTERVAL))
+                self._mark_now.clear()
         finally:
             live.close()
 
@@ -763,6 +764,7 @@ class Worker(WorkerBase):
                                 self._beat_now.set()
             except psycopg.Error as exc:
                 failures += 1
+                self._mark_now.set()  # the liveness connection may be gone too
                 if failures == 1:
                     logger.info("worker %s: listener reconnecting (%s)", self.name, one_line(exc))
                 # At once the first time, then a short capped backoff, like the lanes.
@@ -794,6 +796,7 @@ class Worker(WorkerBase):
         # Leases are kept while the writers still owed results; now they can go.
         self._beats_done.set()
         self._beat_now.set()
+        self._mark_now.set()
         for t in self._threads:
             t.join(timeout=max(grace, 1.0) + 5.0)
         self._pool.shutdown()

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from skiplock import Job, Queue, Worker
@@ -143,3 +144,84 @@ def test_async_worker_marks_and_unmarks(queue: Queue, admin: Any) -> None:
 
     during, after = asyncio.run(main())
     assert during is not None and after is None
+
+
+def held_mark(admin: psycopg.Connection[Any], schema: str, name: str) -> int | None:
+    """The backend pid holding ``name``'s mark now (its lock granted in pg_locks), or None."""
+    q = sql.SQL(
+        "SELECT w.mark_pid FROM {}.workers AS w JOIN pg_locks AS l"
+        " ON l.pid = w.mark_pid AND l.locktype = 'advisory' AND l.granted"
+        " AND l.classid = w.mark_key1::oid AND l.objid = w.mark_key2::oid"
+        " WHERE w.name = %s"
+    ).format(sql.Identifier(schema))
+    row = admin.execute(q, (name,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_worker_whose_connections_are_all_reset_marks_again_at_once(
+    queue: Queue, admin: Any, dsn: str, kind: str
+) -> None:
+    """Every connection of a live worker is reset (a load balancer restarts): nothing
+    tells it from a dead one but its mark coming back within the grace.  Its listener
+    sees the reset first and the liveness thread marks again at once, well inside the
+    grace, not after waiting out its interval once to notice and again after failing.
+    The job it runs keeps its lease token throughout, with a second worker sweeping."""
+    import asyncio
+    import statistics
+
+    from skiplock import AsyncQueue, AsyncWorker
+    from skiplock.chaos import ChaosProxy, proxied_dsn, upstream_of
+
+    release = threading.Event()
+    started = threading.Event()
+
+    def park(job: Job) -> None:
+        started.set()
+        release.wait(60)
+
+    async def apark(job: Job) -> None:
+        await asyncio.to_thread(park, job)
+
+    job_id = queue.enqueue({})
+    gaps: list[float] = []
+    with ChaosProxy(upstream_of(dsn)) as proxy:
+        pdsn = proxied_dsn(dsn, proxy.port)
+        if kind == "sync":
+            pq = Queue(pdsn, schema=queue.schema, max_size=4)
+            w = Worker(pq, park, lease=30.0, name="reset")
+            t = w.start()
+            stop = w.stop
+        else:
+            aw = AsyncWorker(AsyncQueue(pdsn, schema=queue.schema), apark, lease=30.0, name="reset")
+            t = threading.Thread(target=lambda: asyncio.run(aw.run()))
+            t.start()
+            stop = aw.stop
+        try:
+            assert started.wait(20)
+            before = queue.get(job_id)
+            with running(Worker(queue, lambda j: None, lease=30.0, name="sweeper")):
+                for _ in range(5):
+                    wait_until(lambda: held_mark(admin, queue.schema, "reset") is not None)
+                    time.sleep(0.4)  # the liveness thread is somewhere in its interval
+                    t0 = time.monotonic()
+                    assert proxy.reset() >= 3  # liveness, listener, claims and more
+                    time.sleep(0.002)
+                    wait_until(
+                        lambda: held_mark(admin, queue.schema, "reset") is not None,
+                        timeout=DEFAULT_GRACE * 5,
+                        what="the mark to come back",
+                    )
+                    gaps.append(time.monotonic() - t0)
+                time.sleep(2 * DEFAULT_GRACE)
+            after = queue.get(job_id)
+        finally:
+            release.set()
+            stop()  # safe from any thread, for both workers
+            t.join(30)
+    print(f"\n{kind}: mark back after a reset of every connection: {sorted(gaps)}")
+    assert before is not None and after is not None
+    assert after.status == "running" and after.lease_token == before.lease_token
+    # Before the liveness thread stepped at once, the median was 0.38 s (at most 0.53).
+    assert statistics.median(gaps) < 0.2, gaps
+    assert max(gaps) < DEFAULT_GRACE / 2, gaps
