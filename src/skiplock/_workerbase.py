@@ -534,7 +534,8 @@ class WorkerBase:
             raise ConfigError(
                 f"chains must be 1 to concurrency ({self.concurrency}), not {chains!r}"
             )
-        self._cursors = [self._cursor] + [ClaimCursor() for _ in range(chains - 1)]
+        shared = self._cursor.positions
+        self._cursors = [self._cursor] + [ClaimCursor(positions=shared) for _ in range(chains - 1)]
         return [
             (
                 split(self.concurrency, chains, i),

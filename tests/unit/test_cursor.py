@@ -147,3 +147,26 @@ def test_a_failed_sweep_moves_nothing_and_a_slow_full_sweep_comes_less_often() -
     assert s.window(10.0) == 10.0 + 2.0
     assert s.window(62.9) is not None  # 3 s + 20 * 3 s: its cost stays a 20th of the time
     assert s.window(63.0) is None
+
+
+def test_chains_share_one_position_so_a_dry_chain_does_not_fall_behind() -> None:
+    """Two chains' cursors: one took the jobs, the other's claims found the queue dry.
+    The dry one starts where the worker's latest claim ended, not where its own last
+    claim did (under a held xmin, every entry between costs each claim a heap visit)."""
+    a = ClaimCursor()
+    b = ClaimCursor(positions=a.positions)
+    a.claimed("q", None, [job(1)], 0.001, 0.0)
+    b.claimed("q", None, [job(2, dt=1)], 0.001, 0.0)
+    start = b.start("q", 0.01)
+    assert start == (0, T0 + timedelta(seconds=1), 2)
+    b.claimed("q", start, [], 0.001, 0.01)  # dry: chain a took them
+    a.claimed("q", a.start("q", 0.01), [job(9, dt=9)], 0.001, 0.02)
+    assert b.start("q", 0.03) == (0, T0 + timedelta(seconds=9), 9)
+    # A claim from a position that lands behind the shared one (it began first) does
+    # not move it back; a claim from the head that found an earlier job does.
+    b.claimed("q", start, [job(3, dt=2)], 0.001, 0.03)
+    assert a.positions["q"] == (0, T0 + timedelta(seconds=9), 9)
+    a.claimed("q", None, [job(0, priority=-1)], 0.001, 0.04)
+    assert b.start("q", 0.045) == (-1, T0, 0)
+    # Each chain still times its own claims from the head.
+    assert ClaimCursor(positions=a.positions).start("q", 0.07) is None
