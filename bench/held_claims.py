@@ -37,8 +37,9 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from skiplock_bench.common import DEFAULT_DSN, percentile  # bench/ is on the path
 
-DSN = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+DSN = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
 
 # One claim: landed (monotonic), from the head, seconds, jobs, fused, position lag in ids.
 Claim = tuple[float, bool, float, int, bool, int]
@@ -80,13 +81,6 @@ def child(schema: str, out: str) -> None:
     Path(out).write_text(json.dumps(records))
 
 
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
-
-
 def counters(conn: psycopg.Connection[Any], schema: str) -> dict[str, float]:
     """Entries read from each claimable index, and heap blocks touched, so far."""
     rows = conn.execute(
@@ -110,21 +104,21 @@ def summary(records: list[Claim], a: float, b: float) -> dict[str, Any]:
 
     def part(sel: list[Claim]) -> dict[str, Any]:
         xs = [r[2] * 1000 for r in sel]
-        return {"n": len(sel), "p50_ms": pct(xs, 50), "p99_ms": pct(xs, 99)}
+        return {"n": len(sel), "p50_ms": percentile(xs, 50), "p99_ms": percentile(xs, 99)}
 
     top = sorted(rs, key=lambda r: -r[2])[: max(1, len(rs) // 100)]
     lags = [float(r[5]) for r in rs if r[5] >= 0]
     return {
         "claims": len(rs),
-        "p50_ms": pct(ms, 50),
-        "p99_ms": pct(ms, 99),
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
         "head": part([r for r in rs if r[1]]),
         "position": part([r for r in rs if not r[1]]),
         "fused": part([r for r in rs if r[4]]),
         "loop": part([r for r in rs if not r[4]]),
         "slowest_1pct_from_head": sum(1 for r in top if r[1]),
         "slowest_1pct": len(top),
-        "lag_p90": pct(lags, 90),
+        "lag_p90": percentile(lags, 90),
         "lag_max": max(lags, default=float("nan")),
     }
 

@@ -204,11 +204,13 @@ def test_a_worker_whose_connections_are_all_reset_marks_again_at_once(
                 for _ in range(5):
                     wait_until(lambda: held_mark(admin, queue.schema, "reset") is not None)
                     time.sleep(0.4)  # the liveness thread is somewhere in its interval
+                    old = held_mark(admin, queue.schema, "reset")
                     t0 = time.monotonic()
                     assert proxy.reset() >= 3  # liveness, listener, claims and more
-                    time.sleep(0.002)
+                    # A new mark, on a new backend: the old one's lock may linger in
+                    # pg_locks for a moment after the reset.
                     wait_until(
-                        lambda: held_mark(admin, queue.schema, "reset") is not None,
+                        lambda old=old: held_mark(admin, queue.schema, "reset") not in (None, old),
                         timeout=DEFAULT_GRACE * 5,
                         what="the mark to come back",
                     )

@@ -168,5 +168,7 @@ def test_chains_share_one_position_so_a_dry_chain_does_not_fall_behind() -> None
     assert a.positions["q"] == (0, T0 + timedelta(seconds=9), 9)
     a.claimed("q", None, [job(0, priority=-1)], 0.001, 0.04)
     assert b.start("q", 0.045) == (-1, T0, 0)
-    # Each chain still times its own claims from the head.
-    assert ClaimCursor(positions=a.positions).start("q", 0.07) is None
+    # Each chain still times its own claims from the head: b's (at 0.0) is due again
+    # after the 50 ms floor, a's (at 0.04) not yet.
+    assert b.start("q", 0.06) is None
+    assert a.start("q", 0.06) == (-1, T0, 0)
