@@ -466,6 +466,13 @@ def fenced(
 
     ``recheck`` is set when an earlier try of the same write died with its connection:
     a job that no longer matches may be one our earlier try already moved.
+
+    A list in ``params`` as long as ``jobs`` holds one value per job (results, errors,
+    delays).  The jobs go to the server in id order, their values with them: each
+    statement locks its rows in the order of its arrays, and a worker's heartbeat and
+    its writer may name the same jobs at once.  In two orders each could hold a row the
+    other waits for, a deadlock that PostgreSQL breaks only after ``deadlock_timeout``
+    (1 s), failing one of them (tests/integration/test_fence_order.py).
     """
     if action not in _OUTCOMES:
         raise ValueError(f"not a fenced action: {action}")
@@ -475,9 +482,15 @@ def fenced(
     for job in jobs:
         if job.lease_token is None:
             raise ValueError(f"job {job.id} carries no lease token; it was not claimed")
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].id)
+    values = {
+        k: [v[i] for i in order] if isinstance(v, list) and len(v) == len(jobs) else v
+        for k, v in (params or {}).items()
+    }
+    jobs = [jobs[i] for i in order]
     ids = [j.id for j in jobs]
     tokens = [j.lease_token for j in jobs]
-    rows = yield Execute(getattr(stmts, action), {"ids": ids, "tokens": tokens, **(params or {})})
+    rows = yield Execute(getattr(stmts, action), {"ids": ids, "tokens": tokens, **values})
     # An attempt is (id, token): a worker may hold a job's old attempt (its lease ran
     # out, the job was swept) beside a new one it claimed again.
     reached = {(int(r["id"]), r["lease_token"]): r for r in rows}
