@@ -63,6 +63,54 @@ def rotate_often(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(QueueBase, "ROTATE_AFTER", 0.0)
 
 
+def _generations(admin: psycopg.Connection[Any], schema: str) -> int:
+    row = admin.execute(
+        sql.SQL("SELECT count(*) FROM {}.generations").format(sql.Identifier(schema))
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.usefixtures("rotate_often")
+def test_a_backlog_adds_a_generation_only_once_the_current_one_has_grown_threefold(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """Migration 0013: a rotation that finds every other generation full waits, and
+    upkeep goes on moving and truncating, until the current one has taken three times
+    ROTATE_ROWS ids; a short rotation must not add a partition at every turn."""
+    queue.enqueue_many([{}] * 500)
+    assert queue.upkeep().get("rotated") == 1
+    queue.enqueue_many([{}] * 500)
+    assert queue.upkeep().get("rotated") == 1
+    queue.enqueue_many([{}] * 500)  # every generation holds pending jobs now
+    gens = _generations(admin, queue.schema)
+    steps = queue.upkeep()
+    assert "added" not in steps and "rotated" not in steps, steps
+    assert _generations(admin, queue.schema) == gens
+    # The backlog of the oldest generation is claimed and finished: upkeep moves it,
+    # truncates the generation and rotates into it, still adding nothing.
+    _drain(queue, 500)
+    steps = queue.upkeep()
+    assert steps.get("truncated") == 1 and steps.get("rotated") == 1, steps
+    assert "added" not in steps and _generations(admin, queue.schema) == gens
+    # Full again, and the current generation grows to three times ROTATE_ROWS: added.
+    queue.enqueue_many([{}] * 1000)
+    assert "added" not in queue.upkeep()
+    queue.enqueue_many([{}] * 500)
+    steps = queue.upkeep()
+    assert steps.get("added") == 1 and steps.get("rotated") == 1, steps
+    assert _generations(admin, queue.schema) == gens + 1
+    assert counts_by_status(admin, queue.schema) == {"pending": 2500, "done": 500}
+
+
+def counts_by_status(admin: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    rows = admin.execute(
+        sql.SQL("SELECT status, count(*) FROM {}.jobs GROUP BY status").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
 @pytest.mark.usefixtures("rotate_often")
 def test_under_a_held_xmin_truncation_takes_the_garbage(
     queue: Queue, admin: psycopg.Connection[Any], dsn: str
