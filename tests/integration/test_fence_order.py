@@ -24,10 +24,11 @@ import pytest
 from psycopg import sql
 
 from skiplock import Job, Queue
+from skiplock._ops import FenceResult
 
 from .test_worker import wait_until
 
-WRITES: dict[str, Callable[[Queue, list[Job]], object]] = {
+WRITES: dict[str, Callable[[Queue, list[Job]], FenceResult]] = {
     "complete": lambda q, jobs: q.complete_many([(j, {"r": j.id}) for j in jobs]),
     "fail": lambda q, jobs: q.fail_many([(j, f"e{j.id}", 5.0, True) for j in jobs]),
     "heartbeat": lambda q, jobs: q.heartbeat_many(jobs, lease=60),
@@ -49,12 +50,12 @@ def test_a_fenced_write_locks_its_rows_in_id_order(
 ) -> None:
     queue.enqueue_many([{"n": i} for i in range(2)])
     low, high = sorted(queue.claim(limit=2, worker="w", lease=60), key=lambda j: j.id)
-    jobs = queue.schema
-    outcome: list[object] = []
+    schema = sql.Identifier(queue.schema)
+    outcome: list[FenceResult] = []
 
     with psycopg.connect(dsn) as holder:
         holder.execute(
-            sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s FOR UPDATE").format(sql.Identifier(jobs)),
+            sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s FOR UPDATE").format(schema),
             (low.id,),
         )
         # The caller names the higher id first, as a writer does whose handlers
@@ -69,16 +70,14 @@ def test_a_fenced_write_locks_its_rows_in_id_order(
         )
         # The higher id is not locked yet: the write takes the lower one first.
         holder.execute(
-            sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s FOR UPDATE NOWAIT").format(
-                sql.Identifier(jobs)
-            ),
+            sql.SQL("SELECT 1 FROM {}.jobs WHERE id = %s FOR UPDATE NOWAIT").format(schema),
             (high.id,),
         )
         holder.commit()
         t.join(10)
         assert not t.is_alive()
     [result] = outcome
-    assert getattr(result, "lost", []) == []
+    assert result.lost == [] and len(result.done) == 2
     # Each job's own values went with it when the jobs were put in order.
     for job in (low, high):
         got = queue.get(job.id)
