@@ -632,12 +632,12 @@ class AsyncQueue(QueueBase):
 
         Each step is one short transaction (``upkeep()`` in migration 0009): a rotation,
         a batch of finished or delayed jobs moved out of an old generation, the
-        truncation of an old generation found empty, or the one ANALYZE a generation
-        gets in its life (0011), without which completions read it whole.  Steps run
-        until there is nothing
-        to do, another session holds the upkeep, a truncation would wait for a lock, or
-        ``max_steps``.  Workers call this at each sweep.  Returns the steps taken by
-        kind, and ``jobs_moved``.
+        truncation of an old generation found empty, the one ANALYZE a generation
+        gets in its life (0011), without which completions read it whole, or the drop
+        of a generation a backlog added once it is surplus (0014).  Steps run until
+        there is nothing to do, another session holds the upkeep, a truncation or a
+        drop would wait for a lock (``busy``), or ``max_steps``.  Workers call this at
+        each sweep.  Returns the steps taken by kind, and ``jobs_moved``.
         """
         done: dict[str, int] = {}
         for _ in range(max_steps):

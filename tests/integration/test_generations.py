@@ -102,6 +102,129 @@ def test_a_backlog_adds_a_generation_only_once_the_current_one_has_grown_threefo
     assert {k: v for k, v in counts(queue).items() if v} == {"pending": 2500, "done": 500}
 
 
+@pytest.fixture
+def rotate_tiny(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(QueueBase, "ROTATE_ROWS", 100)
+    monkeypatch.setattr(QueueBase, "ROTATE_AFTER", 0.0)
+
+
+def _fill_to_the_cap(queue: Queue, admin: psycopg.Connection[Any]) -> int:
+    """Enqueue three generations' worth of jobs at a time, with an upkeep after each,
+    until upkeep stops adding generations; returns the jobs enqueued."""
+    sent, step = 0, 3 * QueueBase.ROTATE_ROWS
+    for _ in range(14):
+        queue.enqueue_many([{}] * step)
+        sent += step
+        queue.upkeep()
+    return sent
+
+
+@pytest.mark.usefixtures("rotate_tiny")
+def test_a_backlog_adds_at_most_twelve_generations_and_the_surplus_goes_once_drained(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """Migration 0014: past twelve generations the current one takes the backlog; once
+    the backlog is claimed and finished, upkeep drops the added ones, the highest
+    first, down to the first three, and the queue goes on in those."""
+    sent = _fill_to_the_cap(queue, admin)
+    assert _generations(admin, queue.schema) == 12
+    steps = queue.upkeep()
+    assert "added" not in steps and "dropped" not in steps, steps
+    _drain(queue, sent)
+    steps = queue.upkeep(max_steps=200)
+    assert steps.get("dropped") == 9, steps
+    assert _generations(admin, queue.schema) == 3
+    gens = sorted(k for k in _sizes(admin, queue.schema) if "_g" in k)
+    assert len(gens) == 3 and "jobs_g12" not in gens, gens
+    # Nothing left to drop, and the three left rotate and take jobs as before.
+    for _ in range(3):
+        queue.enqueue_many([{}] * 100)
+        _drain(queue, 100)
+        steps = queue.upkeep()
+        assert "dropped" not in steps and "added" not in steps, steps
+    assert {k: v for k, v in counts(queue).items() if v} == {"done": sent + 300}
+    assert admin.execute(
+        sql.SQL("SELECT count(DISTINCT id), sum(completions) FROM {}.jobs").format(
+            sql.Identifier(queue.schema)
+        )
+    ).fetchone() == (sent + 300, sent + 300)
+
+
+@pytest.mark.usefixtures("rotate_tiny")
+def test_a_drop_that_would_wait_for_jobs_gives_up_at_once(
+    queue: Queue, admin: psycopg.Connection[Any], dsn: str
+) -> None:
+    """DROP of a partition waits for ACCESS EXCLUSIVE on jobs, and every claim queues
+    behind it: upkeep waits 10 ms at most, says busy, and drops at a later call."""
+    sent = _fill_to_the_cap(queue, admin)
+    _drain(queue, sent)
+    with psycopg.connect(dsn) as holder:
+        # A transaction that read jobs (a report, a long enqueue) holds a lock on it.
+        holder.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(queue.schema)))
+        steps: dict[str, int] = {}
+        start = time.monotonic()
+        for _ in range(100):  # the moves and truncations first, then the drop's attempt
+            step = queue.upkeep(max_steps=1)
+            if not step or "busy" in step:
+                steps = step
+                break
+        assert steps.get("busy") == 1, steps
+        assert time.monotonic() - start < 5
+        gens = _generations(admin, queue.schema)
+        assert gens == 12
+        # The failed attempt left no lock queued: a claim does not wait.
+        assert queue.claim(worker="w", limit=1) == []
+        holder.rollback()
+    assert queue.upkeep(max_steps=200).get("dropped") == 9
+    assert _generations(admin, queue.schema) == 3
+
+
+@pytest.mark.usefixtures("rotate_tiny")
+def test_no_drop_queues_behind_a_long_transaction(
+    queue: Queue, admin: psycopg.Connection[Any], dsn: str
+) -> None:
+    """Behind a transaction that has held jobs for a second, upkeep says busy without
+    queueing a lock request: every sweep of every worker would otherwise stall the
+    claims for 10 ms while it lasts.  Checked with pg_blocking_pids over many calls."""
+    sent = _fill_to_the_cap(queue, admin)
+    _drain(queue, sent)
+    for _ in range(100):  # the moves and truncations first
+        step = queue.upkeep(max_steps=1)
+        if not step or "busy" in step or "dropped" in step:
+            break
+    assert "dropped" in step  # nothing stands in the way yet
+    with psycopg.connect(dsn) as holder:
+        holder.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(queue.schema)))
+        holder_pid = holder.info.backend_pid
+        time.sleep(1.2)  # the holder's age, not an interleaving
+        waits: list[int] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE %s = ANY(pg_blocking_pids(pid))",
+                        (holder_pid,),
+                    ).fetchone()
+                    if row and row[0]:
+                        waits.append(int(row[0]))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for _ in range(30):
+                assert queue.upkeep() == {"busy": 1}
+        finally:
+            stop.set()
+            watcher.join()
+        assert waits == []
+        holder.rollback()
+    assert queue.upkeep(max_steps=200).get("dropped") == 8
+    assert _generations(admin, queue.schema) == 3
+
+
 @pytest.mark.usefixtures("rotate_often")
 def test_under_a_held_xmin_truncation_takes_the_garbage(
     queue: Queue, admin: psycopg.Connection[Any], dsn: str
@@ -141,10 +264,21 @@ def test_under_a_held_xmin_truncation_takes_the_garbage(
 
 
 @pytest.mark.usefixtures("rotate_often")
+@pytest.mark.parametrize("shape", ["steady", "bursts"])
 def test_nothing_lost_or_doubled_while_upkeep_rotates_moves_and_truncates(
-    queue: Queue, admin: psycopg.Connection[Any]
+    queue: Queue,
+    admin: psycopg.Connection[Any],
+    dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    shape: str,
 ) -> None:
+    """``bursts``: generations of 50 ids, and bursts of 1,200 jobs each drained before
+    the next, so that upkeep adds generations up to its cap (0014) during a burst and
+    drops them between, while eight claimers and the producer run."""
     total, delayed = 6000, 300
+    if shape == "bursts":
+        monkeypatch.setattr(QueueBase, "ROTATE_ROWS", 50)
+        monkeypatch.setattr(QueueBase, "ROTATE_AFTER", 0.0)
     later = queue.enqueue_many(
         [{"later": i} for i in range(delayed)], run_at=datetime.now(UTC) + timedelta(hours=1)
     )
@@ -153,10 +287,18 @@ def test_nothing_lost_or_doubled_while_upkeep_rotates_moves_and_truncates(
     claimed: list[int] = []
     lock = threading.Lock()
 
+    steps: dict[str, int] = {}
+    most = [0]
+
     def produce() -> None:
-        for _ in range(total // 200):
+        for i in range(total // 200):
             queue.enqueue_many([{}] * 200)
-            time.sleep(0.005)
+            if shape == "steady":
+                time.sleep(0.005)
+            elif (i + 1) % 6 == 0:  # a burst of 1,200 sent: wait until it is drained
+                while len(claimed) < (i + 1) * 200 and not stop.is_set():
+                    time.sleep(0.01)
+                time.sleep(0.3)  # and a moment of an idle queue
 
     def work(name: str) -> None:
         try:
@@ -173,9 +315,16 @@ def test_nothing_lost_or_doubled_while_upkeep_rotates_moves_and_truncates(
 
     def upkeep() -> None:
         try:
-            while not stop.is_set():
-                queue.upkeep()
-                time.sleep(0.01)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    for _ in range(50):  # a step at a time: the count after each
+                        step = queue.upkeep(max_steps=1)
+                        for k, v in step.items():
+                            steps[k] = steps.get(k, 0) + v
+                        most[0] = max(most[0], _generations(conn, queue.schema))
+                        if not step or "busy" in step:
+                            break
+                    time.sleep(0.01)
         except BaseException as exc:
             errors.append(exc)
 
@@ -211,6 +360,11 @@ def test_nothing_lost_or_doubled_while_upkeep_rotates_moves_and_truncates(
         queue.upkeep()
     gens = {k: v for k, v in _sizes(admin, queue.schema).items() if "_g" in k}
     assert [k for k, v in gens.items() if v] == [f"jobs_g{current[0]}"], gens
+    if shape == "bursts":
+        # Added while a burst waited, never past the cap, and dropped again down to
+        # three (the cap itself: the test above).
+        assert 3 < most[0] <= 12 and steps.get("added", 0) >= 1, (most, steps)
+        assert steps["dropped"] == steps["added"] and len(gens) == 3, (steps, gens)
 
 
 def _blocked_on(admin: psycopg.Connection[Any], app: str, pid: int) -> bool:

@@ -666,6 +666,7 @@ GROUP BY j.queue, j.task
 ORDER BY j.queue, j.task;
 
 -- name: upkeep
--- One step of the generations' upkeep (migration 0009): see `upkeep()` there.
+-- One step of the generations' upkeep (migration 0009; its rules since, 0013 and 0014):
+-- see `upkeep()` in the newest of them.
 SELECT action, gen, jobs
 FROM {schema}.upkeep(%(rotate_rows)s, %(rotate_after)s, %(rotate_idle)s, %(batch)s);
