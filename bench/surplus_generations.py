@@ -17,8 +17,16 @@ slots (16 on PostgreSQL 15-17) and went to the shared lock table.
 8 whose handler sleeps 4 ms (about 1,600 jobs/s here) runs while ``--rate`` jobs a
 second (default 3,000) are enqueued for ``S`` seconds; the generations and the pending
 jobs are printed every 10 s, through the drain that follows and for ``--after``
-seconds of an idle queue (default 30), in which upkeep goes on at every sweep.  The
-DSN is $SKIPLOCK_BENCH_DSN or the local server; each schema is dropped after.
+seconds of an idle queue (default 30), in which upkeep goes on at every sweep.
+
+``--drops`` measures what dropping the surplus costs the claims beside it (migration
+0014): with 9 empty generations added and a backlog of 200,000 jobs in the current
+one, four threads claim and complete 10 at a time for 3 s, then one ``upkeep()`` call
+(rotation held off, so that dropping is all it has to do) drops the nine back to back
+while they go on, and they run 3 s more; printed: the call's steps and time, and the
+claims' latency before, during and after it.
+
+The DSN is $SKIPLOCK_BENCH_DSN or the local server; each schema is dropped after.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import uuid
 import psycopg
 from drain_once import Counting, timed_drain  # bench/ is on the path
 from psycopg import sql
+from skiplock_bench.common import percentile
 
 from skiplock import Job, Queue, Worker
 
@@ -148,6 +157,56 @@ def backlog(seconds: float, rate: int, after: float) -> None:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(s))
 
 
+def drops() -> None:
+    """Claim latency while one upkeep call drops nine surplus generations."""
+    schema = f"surplus_{uuid.uuid4().hex[:8]}"
+    q = Queue(DSN, schema=schema, max_size=1)
+    stop = threading.Event()
+    claims: list[tuple[float, float]] = []  # (sent, seconds)
+
+    def claimer(name: str) -> None:
+        cq = Queue(DSN, schema=schema, max_size=1)
+        try:
+            while not stop.is_set():
+                sent = time.perf_counter()
+                jobs = cq.claim(worker=name, limit=10)
+                claims.append((sent, time.perf_counter() - sent))
+                cq.complete_many([(j, None) for j in jobs])
+        finally:
+            cq.close()
+
+    try:
+        q.migrate()
+        add_generations(schema, 9)
+        q.enqueue_many([{}] * 200_000)
+        q.ROTATE_ROWS = 10**12  # no rotation: dropping is all upkeep has left
+        print("before the claimers:", q.upkeep(max_steps=1))  # the one ANALYZE
+        threads = [threading.Thread(target=claimer, args=(f"c{i}",)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        t0 = time.perf_counter()
+        steps = q.upkeep(max_steps=50)
+        t1 = time.perf_counter()
+        time.sleep(3)
+        stop.set()
+        for t in threads:
+            t.join()
+        print(f"upkeep {steps} in {(t1 - t0) * 1000:.0f} ms")
+        for name, lo, hi in (("before", t0 - 2.5, t0), ("during", t0, t1), ("after", t1, t1 + 3)):
+            secs = sorted(d for sent, d in claims if lo <= sent < hi)
+            p50, p99 = percentile(secs, 50) * 1000, percentile(secs, 99) * 1000
+            print(
+                f"{name:6}  claims {len(secs):5}  {len(secs) / (hi - lo):6.0f}/s"
+                f"  p50 {p50:5.2f}  p99 {p99:5.2f}  max {secs[-1] * 1000:5.2f} ms"
+            )
+    finally:
+        stop.set()
+        q.close()
+        with psycopg.connect(DSN, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=20_000)
@@ -157,7 +216,11 @@ def main() -> None:
     ap.add_argument("--backlog", type=float, default=0.0)
     ap.add_argument("--rate", type=int, default=3_000)
     ap.add_argument("--after", type=float, default=30.0)
+    ap.add_argument("--drops", action="store_true")
     args = ap.parse_args()
+    if args.drops:
+        drops()
+        return
     if args.backlog:
         backlog(args.backlog, args.rate, args.after)
         return
