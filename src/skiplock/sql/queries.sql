@@ -168,7 +168,7 @@ SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'done' END
     locked_until = NULL,
     result       = f.result::jsonb,
     completions  = j.completions + 1  -- verify's record; the fence keeps it at 1
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[])
+FROM {schema}.fence_results(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::text[])
      AS f(id, token, result)
 WHERE j.id = f.id
   AND j.lease_token = f.token
@@ -196,8 +196,9 @@ WITH handed AS (
         locked_until = NULL,
         last_error   = coalesce(f.error, j.last_error),
         handback_token = f.token  -- proof for a retry after a lost reply (fence_outcome)
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[],
-                %(delays)s::float8[], %(retries)s::bool[]) AS f(id, token, error, delay, retry)
+    FROM {schema}.fence_errors(%(ids)s::bigint[], %(tokens)s::uuid[], %(errors)s::text[],
+                               %(delays)s::float8[], %(retries)s::bool[])
+         AS f(id, token, error, delay, retry)
     WHERE j.id = f.id
       AND j.lease_token = f.token
       AND j.status = 'running'
@@ -214,7 +215,7 @@ FROM handed;
 -- It also carries a cancel asked since the last beat back to the worker.
 UPDATE {schema}.jobs AS j
 SET locked_until = now() + make_interval(secs => %(lease)s)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
+FROM {schema}.fence_tokens(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
@@ -232,7 +233,7 @@ SET status       = CASE WHEN j.cancel_requested THEN 'cancelled' ELSE 'pending' 
     started_at   = NULL,
     locked_until = NULL,
     handback_token = f.token  -- proof for a retry after a lost reply (fence_outcome)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
+FROM {schema}.fence_tokens(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
 WHERE j.id = f.id
   AND j.lease_token = f.token
   AND j.status = 'running'
@@ -246,7 +247,7 @@ RETURNING j.id, j.lease_token;
 -- hand-back also leaves its token in handback_token, which a re-claim does not touch.
 SELECT j.id, f.token AS lease_token, j.status, (j.lease_token = f.token) AS current_lease
 FROM {schema}.jobs AS j
-JOIN unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
+JOIN {schema}.fence_tokens(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token)
   ON j.id = f.id AND (j.lease_token = f.token OR j.handback_token = f.token);
 
 -- name: sweep
