@@ -95,6 +95,8 @@ class Fleet(Protocol):
 
     def release(self, proc: WorkerHandle) -> None: ...
 
+    def expect_exit(self, proc: WorkerHandle) -> None: ...
+
     def killed(self, proc: WorkerHandle) -> None: ...
 
 
@@ -196,6 +198,9 @@ def kill(ctx: FaultContext) -> bool:
     if proc is None:
         return False
     held = len(ctx.held_by(proc.name))
+    # Expected before it happens: the fleet's check, on another thread, must not find
+    # the process dead before `killed` says so and count our kill as a crash.
+    ctx.fleet.expect_exit(proc)
     t = time.time()
     os.kill(proc.pid, signal.SIGKILL)
     ctx.record("kill", t=t, pid=proc.pid, w=proc.name, held=held)

@@ -80,6 +80,11 @@ class ProcessFleet:
         with self.lock:
             proc.busy = False
 
+    def expect_exit(self, proc: Any) -> None:
+        """Say, before a fault kills ``proc``, that its exit is not a crash."""
+        with self.lock:
+            proc.expected_exit = True
+
     def killed(self, proc: Any) -> None:
         with self.lock:
             proc.expected_exit = True
