@@ -274,21 +274,21 @@ class PatroniCluster:
         raise RuntimeError(f"the Patroni cluster was not healthy within {timeout:g}s")
 
     def _all_sync(self, leader: _Node) -> bool:
-        others = [n for n in self.nodes if n is not leader]
-        if any(self.role(n) != "replica" for n in others):
-            return False
+        """Every other node is the synchronous standby in Patroni's own view (the
+        ``/sync`` key, shown by ``GET /cluster``), not only in pg_stat_replication: in
+        synchronous_mode Patroni promotes only a node it has recorded as sync, and right
+        after a switchover the demoted node streams before it is recorded."""
+        url = f"http://127.0.0.1:{leader.api_port}/cluster"
         try:
-            with psycopg.connect(
-                f"host=127.0.0.1 port={leader.pg_port} dbname=postgres user=postgres",
-                connect_timeout=2,
-                autocommit=True,
-            ) as conn:
-                rows = conn.execute(
-                    "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'"
-                ).fetchall()
-        except psycopg.Error:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                members = json.load(r).get("members", [])
+        except (OSError, ValueError, urllib.error.URLError):
             return False
-        return len(rows) == len(others) and any(r[0] in ("sync", "quorum") for r in rows)
+        others = [m for m in members if m.get("name") != leader.name]
+        return len(others) == len(self.nodes) - 1 and all(
+            m.get("role") == "sync_standby" and m.get("state") in ("streaming", "running")
+            for m in others
+        )
 
     # -- the faults: each returns (fault time, new leader writable time), wall clock -----
 
