@@ -41,7 +41,7 @@ from ._aqueue import AsyncQueue
 from ._base import QueueBase, backoff
 from ._cursor import ClaimCursor
 from ._errors import ConfigError, SkiplockError
-from ._handlers import Handler, Outcome, RunTime, failed_outcome, ok_outcome
+from ._handlers import Handler, Outcome, RunTime, contained, failed_outcome, ok_outcome
 from ._job import Attempt, Job
 from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
@@ -157,6 +157,7 @@ class AsyncWorker(WorkerBase):
         self._mark_now: asyncio.Event | None = None  # the listener's connection broke
         self._stop_requested = False
         self._hard = False
+        self._give_up_writes = False
 
     # -- control -------------------------------------------------------------------------
 
@@ -375,7 +376,9 @@ class AsyncWorker(WorkerBase):
         assert self._loop is not None
         self._emit("started", job)
         timeout = self.timeout_for(job)
-        task = self._loop.create_task(self._handlers[job.queue](job), name=f"skiplock-job-{job.id}")
+        task = self._loop.create_task(
+            contained(self._handlers[job.queue], job), name=f"skiplock-job-{job.id}"
+        )
         self._tasks[job.attempt] = task
         timer = (
             self._loop.call_later(timeout, self._time_out, job, task, timeout) if timeout else None
@@ -536,7 +539,7 @@ class AsyncWorker(WorkerBase):
                             one_line(exc),
                         )
                     if stop:
-                        if self._hard:
+                        if self._hard or self._give_up_writes:
                             logger.warning(
                                 "worker %s: %d result(s) unwritten at exit",
                                 self.name,
@@ -724,10 +727,17 @@ class AsyncWorker(WorkerBase):
         for chain in self._chains:
             assert chain.outcomes is not None
             chain.outcomes.put_nowait(None)
-        try:
-            await asyncio.wait_for(asyncio.gather(*writers), timeout=max(grace, 1.0) + 5.0)
-        except TimeoutError:
-            logger.warning("worker %s: writer did not finish; leases will expire", self.name)
+        _, late_writers = await asyncio.wait(writers, timeout=max(grace, 1.0) + 5.0)
+        if late_writers:
+            # Outcomes no write could deliver in that time are given up (each writer
+            # logs how many): those jobs run again once their leases run out.  Nothing
+            # of this worker may run on after run() returns.
+            self._give_up_writes = True
+            _, stuck = await asyncio.wait(late_writers, timeout=5.0)
+            for task in stuck:
+                logger.warning("worker %s: %s cancelled at exit", self.name, task.get_name())
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)

@@ -45,7 +45,7 @@ from psycopg import sql
 from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
 from ._errors import SkiplockError
-from ._handlers import Handler, HandlerPool, Outcome, RunTime, run_handler
+from ._handlers import VANISHED, Handler, HandlerPool, Outcome, RunTime, run_handler
 from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import FenceResult
@@ -250,6 +250,7 @@ class Worker(WorkerBase):
         self._writing: set[Attempt] = set()
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
+        self._give_up_writes = threading.Event()
         self._wake = threading.Event()
         self._inflight: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
@@ -376,8 +377,17 @@ class Worker(WorkerBase):
         trouble = Trouble(self.name, "claim")
         while not self._stopping.is_set():
             now = time.monotonic()
-            for job in self._pool.reap(now):
+            timed_out, vanished = self._pool.reap(now)
+            for job in timed_out:
                 self._result(job, self._timed_out(job, self.timeout_for(job)))
+            for job in vanished:
+                logger.error(
+                    "worker %s: the handler thread of job %s ended without an outcome; "
+                    "its attempt fails and a new thread takes the slot",
+                    self.name,
+                    job.id,
+                )
+                self._result(job, VANISHED)
             if self._sweep_due(now):
                 self._sweep()
             if self._prune_due(now):
@@ -566,8 +576,9 @@ class Worker(WorkerBase):
             if stop and not pending:
                 return
             if stop:
-                # Writes still owed: keep trying until the hard stop.
-                if self._hard_stop.is_set():
+                # Writes still owed: keep trying until the hard stop, or until the
+                # shutdown gives up on them (a writer must not outlive run()).
+                if self._hard_stop.is_set() or self._give_up_writes.is_set():
                     logger.warning(
                         "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
                     )
@@ -692,6 +703,12 @@ class Worker(WorkerBase):
         """One beat for every job held; False if it did not reach the server."""
         assert self._hq is not None
         jobs = self.inflight()  # _ops.fenced puts them in id order, as every write
+        if self._pool is not None and jobs:
+            # A job is kept alive only while something runs it: a handler thread that
+            # is gone without an outcome must not hold its job's lease (the claim loop
+            # fails the attempt at its next turn).
+            dead = self._pool.dead()
+            jobs = [j for j in jobs if j.attempt not in dead] if dead else jobs
         if not jobs:
             return True
         sent = time.monotonic()
@@ -791,14 +808,25 @@ class Worker(WorkerBase):
             chain.results.put(None)
         self._stopping.set()
         self._upkeep_wanted.set()
+        end = time.monotonic() + max(grace, 1.0) + 5.0
         for writer in self._writers:
-            writer.join(timeout=max(grace, 1.0) + 5.0)
+            writer.join(timeout=max(0.0, end - time.monotonic()))
+        # Outcomes no write could deliver in that time are given up (logged by their
+        # writer): those jobs run again once their leases run out, as for a handler
+        # abandoned at the grace.  Nothing of this worker may run on after run().
+        self._give_up_writes.set()
+        for writer in self._writers:
+            writer.join(timeout=10.0)
+            if writer.is_alive():
+                logger.error("worker %s: %s did not stop", self.name, writer.name)
         # Leases are kept while the writers still owed results; now they can go.
         self._beats_done.set()
         self._beat_now.set()
         self._mark_now.set()
         for t in self._threads:
             t.join(timeout=max(grace, 1.0) + 5.0)
+            if t.is_alive():
+                logger.error("worker %s: %s did not stop", self.name, t.name)
         self._pool.shutdown()
         try:
             self._q.unregister_worker(self.name)
