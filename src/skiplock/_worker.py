@@ -136,7 +136,7 @@ class Worker(WorkerBase):
         On by default: a completion the worker was told had committed survives a
         server crash.  ``False`` (the worker's own connections only; enqueues stay
         synchronous) returns each commit before its WAL is written, about 1.3-1.8x the
-        drain rate of no-op jobs (bench/commit_modes.py), at a cost: a crash of the
+        drain rate of no-op jobs (bench/results/2026-12-03-issue-11.md), at a cost: a crash of the
         server takes back claims, heartbeats and *completions* acknowledged in the
         last few hundred milliseconds, and those jobs run again (the chaos crash
         fault: 10 re-runs in 3 crashes at 60 jobs/s; none with the default).  Never
@@ -483,7 +483,8 @@ class Worker(WorkerBase):
 
         A step moves up to 2,000 finished jobs (10-30 ms), and after a burst a call takes
         several in a row: on the claim loop, no claim went out meanwhile (300-450 ms of
-        steps were sampled inside one burst; bench/README.md, "The held burst").
+        steps were sampled inside one burst;
+        bench/results/2026-12-04-held-burst-and-full-run-on-0009.md).
         """
         assert self._uq is not None
         while True:
