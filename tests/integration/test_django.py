@@ -321,7 +321,10 @@ def test_task_errors_are_parsed_from_what_skiplock_keeps() -> None:
 
 # -- the tasks a worker runs ---------------------------------------------------------------
 
-_NAMES = "add send_email explode where_am_i double_later ask_database hang"
+_NAMES = (
+    "add send_email explode where_am_i double_later ask_database hang bye interrupt unjsonable "
+    "wait_for"
+)
 TESTPROJ_TASKS = {f"testproj.tasks.{name}" for name in _NAMES.split()}
 
 
