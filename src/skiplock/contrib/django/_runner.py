@@ -17,6 +17,7 @@ OPTIONS ``tasks``) its claims take only their jobs, as ``skiplock.App``'s worker
 
 from __future__ import annotations
 
+import asyncio
 import traceback
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -83,6 +84,8 @@ class TaskRunner:
             task_finished.send(sender=sender, task_result=result)  # logs exc_info
             raise  # skiplock's policy: retried until max_attempts, traceback kept
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and job.cancelled:
+                raise  # skiplock's cancel of the job: the worker records it as cancelled
             # SystemExit, KeyboardInterrupt (a handler thread never gets a signal's: this
             # is the task's own): the task asked to stop, so the job ends FAILED now,
             # with the traceback, rather than run exit() again; the worker goes on.
