@@ -32,7 +32,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader, JsonLoader
 
 from skiplock import ConfigError, Job, PayloadError, Queue
-from skiplock._config import validate_schema
+from skiplock.schema import validate_schema
 from skiplock.sqlfiles import statements
 
 __all__ = [
@@ -121,11 +121,10 @@ def schema_problem(conn: psycopg.Connection[Any], schema: str, *, latest: bool) 
     """Why ``schema`` cannot serve yet, or None: not created, or (``latest``) behind
     this skiplock's migrations.  Reads only the catalog and the migrations table, so
     inside ``atomic()`` it never aborts the caller's transaction."""
-    from skiplock._migrate import schema_version
-    from skiplock._sql import migrations
+    from skiplock.schema import latest_migration, schema_version
 
     have = schema_version(conn, schema)
-    want = max(m.version for m in migrations())
+    want = latest_migration()
     if have == 0:
         return f"skiplock schema {schema!r} is missing or not migrated; run {MIGRATE}"
     if latest and have < want:

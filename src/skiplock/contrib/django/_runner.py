@@ -29,7 +29,7 @@ from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
 from skiplock import ConfigError, Fail, Job, Queue, Worker
-from skiplock._control import DEFAULT_MAX_RESULT_BYTES, encode_result
+from skiplock.results import DEFAULT_MAX_RESULT_BYTES, encode_result
 
 from ._backend import SkiplockBackend, load_task
 
