@@ -129,9 +129,12 @@ def test_a_claim_loop_blocked_on_a_lock_fails_livez_until_the_lock_goes(
     try:
         wait_until(lambda: blocked_by_other(admin_pid, queue, "h-lock"), "the claim to block")
         blocked_at = time.monotonic()
-        failed_at, doc = wait_for(port, "/livez", 503)
-        assert doc["live"] is False and "claim loop stuck for" in doc["reason"], doc
-        assert doc["stuck"]["claim loop"] > stall
+        # Its liveness mark may block first: wait for the claim loop's own step.
+        wait_until(lambda: "claim loop" in get(port, "/livez")[1].get("stuck", {}), "503")
+        failed_at = time.monotonic()
+        status, doc = get(port, "/livez")
+        assert status == 503 and doc["live"] is False, doc
+        assert "claim loop stuck for" in doc["reason"] and doc["stuck"]["claim loop"] > stall
         # Within the bound: the step began before we saw it blocked, so the 503 came no
         # later than the bound after that (plus the polling's slack).
         assert failed_at - blocked_at < stall + 2.0
@@ -175,8 +178,9 @@ def test_a_writer_blocked_on_a_row_lock_fails_livez_and_the_job_completes_after(
     try:
         gate.set()  # its completion now waits for our row lock
         wait_until(lambda: blocked_by_other(admin_pid, queue, "h-write"), "the write to block")
-        _, doc = wait_for(port, "/livez", 503)
-        assert "writer stuck for" in doc["reason"], doc
+        wait_until(lambda: "writer" in get(port, "/livez")[1].get("stuck", {}), "503")
+        status, doc = get(port, "/livez")
+        assert status == 503 and "writer stuck for" in doc["reason"], doc
     finally:
         admin.execute("ROLLBACK")
     wait_for(port, "/livez", 200)
