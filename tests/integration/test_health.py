@@ -73,7 +73,8 @@ def run_worker() -> Iterator[Callable[..., Worker]]:
     started: list[tuple[Worker, threading.Thread]] = []
 
     def start(q: Queue, handler: Callable[[Job], Any], **options: Any) -> Worker:
-        w = Worker(q, handler, health_port=0, poll_interval=0.05, **options)
+        options.setdefault("poll_interval", 0.05)
+        w = Worker(q, handler, health_port=0, **options)
         started.append((w, w.start()))
         wait_until(lambda: w.health is not None, "the health server")
         return w
@@ -92,10 +93,18 @@ def port_of(w: Worker | AsyncWorker) -> int:
 def test_an_idle_worker_is_live_and_ready_and_its_server_ends_with_run(
     queue: Queue, run_worker: Callable[..., Worker]
 ) -> None:
-    w = run_worker(queue, lambda job: None, name="h-idle", health_stall=1.0)
+    # Its loops wait longer than the bound at a time (the claim loop 5 s for work, the
+    # heartbeat 10 s with nothing to beat): waits are not steps, so it stays live.
+    w = run_worker(
+        queue,
+        lambda job: None,
+        name="h-idle",
+        health_stall=1.5,
+        poll_interval=5.0,
+        sweep_interval=10.0,
+    )
     port = port_of(w)
-    # Idle for more than the bound: its claim loop only waits, so it stays live.
-    end = time.monotonic() + 2.5
+    end = time.monotonic() + 3.0
     while time.monotonic() < end:
         status, doc = get(port, "/livez")
         assert (status, doc) == (200, {"live": True, "worker": "h-idle"})
