@@ -222,6 +222,11 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     answer: Callable[[str], tuple[int, dict[str, Any]]]
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A prober that gave up before the answer (a broken pipe): its business, not a
+        # traceback on stderr.
+        logger.debug("health: request from %s failed", client_address, exc_info=True)
+
 
 class _Server6(_Server):
     address_family = socket.AF_INET6

@@ -48,7 +48,10 @@ def wait_for(port: int, path: str, status: int, timeout: float = 30.0) -> tuple[
         found.append(doc)
         return got == status
 
-    wait_until(answered, timeout=timeout, what=f"{path} {status} (last: {found[-1:]})")
+    try:
+        wait_until(answered, timeout=timeout, what=f"{path} {status}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its last answer: {found[-1:]}") from None
     return status, found[-1]
 
 
@@ -104,8 +107,10 @@ def start(dsn: str, schema: str, tmp_path: Path) -> Iterator[Callable[..., Proc]
     yield run
     for p in procs:
         if p.proc.poll() is None:
+            # A supervisor's children run in sessions of their own: a SIGKILL of the
+            # supervisor alone would leave them running, holding connections.
             for child in psutil.Process(p.proc.pid).children():
-                child.send_signal(signal.SIGCONT)
+                child.kill()
             p.proc.kill()
         p.proc.wait(10)
 
@@ -196,7 +201,18 @@ def test_processes_answer_on_one_port_for_every_child(
         assert frozen and frozen[0]["reason"].startswith("did not answer"), doc
     finally:
         child.send_signal(signal.SIGCONT)
-    wait_for(port, "/livez", 200)
+    _, doc = wait_for(port, "/livez", 200)
+    [slot] = [c["process"] for c in doc["processes"] if c["pid"] == child.pid]
+    # A dead child is not ready until the supervisor has started it again (1 s later).
+    # Seen once the supervisor has reaped it: a probe sent before that may wait in the
+    # slot's socket and be answered by the new child.
+    child.kill()
+    wait_until(lambda: f"(pid {child.pid}) exited with -9" in sup.output(), what="reaped")
+    _, doc = wait_for(port, "/readyz", 503)
+    [gone] = [c for c in doc["processes"] if c["process"] == slot]
+    assert (gone["ready"], gone["reason"]) == (False, "being started again"), doc
+    _, doc = wait_for(port, "/readyz", 200)
+    assert child.pid not in {c["pid"] for c in doc["processes"]}
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(30) == 0, sup.output()
     with pytest.raises(OSError):
