@@ -46,6 +46,7 @@ from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
 from ._errors import SkiplockError
 from ._handlers import VANISHED, Handler, HandlerPool, Outcome, RunTime, run_handler
+from ._health import DEFAULT_HOST, DEFAULT_STALL
 from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import FenceResult
@@ -169,6 +170,17 @@ class Worker(WorkerBase):
         keeps about one core busy; a second overlaps them, about 1.2-1.3x the drain rate
         of short jobs in one process, for one more connection
         (``skiplock worker --chains``; docs/architecture.md, "Two chains in one Worker").
+    health_port
+        Serve ``GET /livez`` and ``GET /readyz`` on this port while ``run()`` runs (0:
+        any free port, then ``worker.health.port``), on ``health_host`` (default
+        127.0.0.1; ``0.0.0.0`` in a container, where the kubelet probes the pod's IP).
+        /livez answers 503 when the claim loop, a writer, the heartbeat or the liveness
+        mark has been in one step (a statement, a batch) for longer than
+        ``health_stall`` seconds (default 60): a wedged worker.  An idle worker is live,
+        and so is one whose database refuses it (its calls fail and are retried).
+        /readyz answers 503 while the database cannot be reached, is read-only, or its
+        schema lacks a migration this code needs, and while the worker stops.  Each
+        answer is a small JSON document saying why (docs/deploy.md).
     """
 
     def __init__(
@@ -198,6 +210,9 @@ class Worker(WorkerBase):
         liveness: bool = True,
         fuse_claims: bool = True,
         chains: int | None = None,
+        health_port: int | None = None,
+        health_host: str = DEFAULT_HOST,
+        health_stall: float = DEFAULT_STALL,
     ) -> None:
         super().__init__(
             queue,
@@ -222,6 +237,9 @@ class Worker(WorkerBase):
             task_timeouts=task_timeouts,
             liveness=liveness,
             fuse_claims=fuse_claims,
+            health_port=health_port,
+            health_host=health_host,
+            health_stall=health_stall,
         )
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
@@ -229,6 +247,7 @@ class Worker(WorkerBase):
             _Chain(i, *share)
             for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
         ]
+        self._watch(len(self._chains), heartbeat=True)
         # The chain that claimed each job held, and writes its outcome.
         self._chain_of: dict[Attempt, _Chain] = {}
         self._q: Queue | None = None  # the claim loop's claims, sweeps, prunes, releases
@@ -278,6 +297,9 @@ class Worker(WorkerBase):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def _stop_asked(self) -> bool:
+        return self._stopping.is_set()
+
     def inflight(self) -> list[Job]:
         with self._inflight_lock:
             return list(self._inflight.values())
@@ -295,6 +317,11 @@ class Worker(WorkerBase):
         except psycopg.Error as exc:
             self._running = False
             raise unavailable(exc, s, "worker start") from None
+        try:
+            self._start_health()  # before any thread: a port in use stops nothing
+        except BaseException:
+            self._running = False
+            raise
         self._q = self._lane_queue("claims")
         for chain in self._chains:
             chain.wq = self._lane_queue("writes" if chain.index == 0 else f"writes {chain.index}")
@@ -334,7 +361,10 @@ class Worker(WorkerBase):
         try:
             self._claim_loop()
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._stop_health()
         return self.stats
 
     def start(self) -> threading.Thread:
@@ -375,7 +405,10 @@ class Worker(WorkerBase):
         assert self._q is not None and self._pool is not None
         self._upkeep_from(time.monotonic())
         trouble = Trouble(self.name, "claim")
+        steps = self._steps
         while not self._stopping.is_set():
+            # A turn's work is one step for /livez; its waits are not (steps.end).
+            steps.begin(self.CLAIM_LOOP)
             now = time.monotonic()
             timed_out, vanished = self._pool.reap(now)
             for job in timed_out:
@@ -400,11 +433,13 @@ class Worker(WorkerBase):
             except _DB_ERRORS as exc:
                 failures = trouble.failed(exc)
                 self.stats.add(db_errors=1)
+                steps.end(self.CLAIM_LOOP)
                 self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
                 continue
             if self._say_waiting(now):
                 continue  # claim again now that producers notify us
             self._wait_for_work()
+        steps.end(self.CLAIM_LOOP)
 
     def _say_waiting(self, now: float) -> bool:
         """Write a change of ``waiting`` to our row; True if we turned to waiting."""
@@ -428,6 +463,7 @@ class Worker(WorkerBase):
         if any(self._refill_due(chain) for chain in self._chains):
             return  # more work is waiting and a batch fits: claim again at once
         now = time.monotonic()
+        self._steps.end(self.CLAIM_LOOP)
         self._wake.wait(self._until_upkeep(self._look_again_in(timeout, now), now))
         self._wake.clear()
 
@@ -559,6 +595,7 @@ class Worker(WorkerBase):
         pending: list[tuple[Job, Outcome]] = []
         results = chain.results
         trouble = Trouble(self.name, "writing results")
+        loop = self._writer_loop_name(chain.index)
         while True:
             failures = trouble.failures
             timeout = backoff(max(failures, 1), base=0.05, cap=self._retry_cap) if pending else 1.0
@@ -591,7 +628,8 @@ class Worker(WorkerBase):
                 try:
                     # A batch written again after a failed call may have committed
                     # unseen: the retry must recheck, or it reports "lease lost".
-                    self._write(pending, chain, recheck=failures > 0)
+                    with self._steps.step(loop):
+                        self._write(pending, chain, recheck=failures > 0)
                     pending = []
                     trouble.ok()
                 except Exception as exc:
@@ -672,7 +710,9 @@ class Worker(WorkerBase):
                 return
             if time.monotonic() < next_beat and not self.inflight():
                 continue
-            if self._heartbeat(trouble):
+            with self._steps.step(self.HEARTBEAT):
+                beat = self._heartbeat(trouble)
+            if beat:
                 next_beat = time.monotonic() + self.heartbeat_interval
             else:
                 next_beat = time.monotonic() + backoff(
@@ -687,7 +727,8 @@ class Worker(WorkerBase):
         try:
             while not self._beats_done.is_set():
                 try:
-                    n = live.step()
+                    with self._steps.step(self.MARK):
+                        n = live.step()
                     trouble.ok()
                 except _DB_ERRORS as exc:
                     trouble.failed(exc, "trying again")
