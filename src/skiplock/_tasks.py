@@ -121,6 +121,8 @@ class Task(Generic[R]):
         retry: RetryPolicy | None,
         timeout: float | None,
         lease: float | None,
+        retry_on: tuple[type[BaseException], ...] | None = None,
+        no_retry_on: tuple[type[BaseException], ...] = (),
         localns: Mapping[str, Any] | None = None,
     ) -> None:
         self.app = app
@@ -132,6 +134,8 @@ class Task(Generic[R]):
         self.retry = retry
         self.timeout = timeout
         self.lease = lease
+        self.retry_on = retry_on
+        self.no_retry_on = no_retry_on
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -300,10 +304,32 @@ class Task(Generic[R]):
             raise Fail(f"task {self.name}: arguments do not validate: {exc}") from None
         return self.fn(**kwargs)
 
+    def retries(self, exc: BaseException) -> bool:
+        """Whether an exception raised by the task is retried (``retry_on`` /
+        ``no_retry_on``).  ``no_retry_on`` wins where both match, as Celery's
+        ``dont_autoretry_for`` does; with neither, every exception is retried."""
+        if isinstance(exc, self.no_retry_on):
+            return False
+        return self.retry_on is None or isinstance(exc, self.retry_on)
+
     def retry_for(self, exc: BaseException, job: Job) -> BaseException:
-        """An exception of the task as the worker should see it: the task's own retry
-        policy turns a plain exception into a Retry with its delay, traceback kept."""
-        if self.retry is None or not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+        """An exception of the task as the worker should see it.
+
+        One its ``retry_on`` / ``no_retry_on`` say not to retry becomes a ``Fail`` that
+        keeps the traceback (the job ends failed now); otherwise the task's own retry
+        policy, if it has one, turns it into a Retry with its delay.  ``Retry`` and
+        ``Fail`` are the task's explicit word and pass as they are; so does the
+        TimeoutError of the task's own ``timeout``, which is retried as any timeout, and
+        anything that is not an Exception (KeyboardInterrupt, a cancel).
+        """
+        if not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+            return exc
+        if self.timeout and isinstance(exc, TimeoutError):
+            return exc
+        if not self.retries(exc):
+            text = "".join(traceback.format_exception(exc))
+            return Fail(f"{type(exc).__name__} is not retried (task {self.name})\n{text}")
+        if self.retry is None:
             return exc
         text = "".join(traceback.format_exception(exc))
         return Retry(self.retry.delay(job.attempts), text)
@@ -435,6 +461,8 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -448,6 +476,8 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -457,6 +487,9 @@ class App:
         ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
         seconds an attempt may run (then it fails and is retried).  ``lease``: the
         worker running this task holds leases of at least this many seconds.
+        ``retry_on``: the exception classes that are retried (default: every one);
+        ``no_retry_on``: those that end the job failed at once, which wins where both
+        match.  ``Retry`` and ``Fail`` raised by the task always mean what they say.
         """
         validate_queue(queue)
         _check_enqueue_options(queue, priority, None, max_attempts)
@@ -464,6 +497,8 @@ class App:
             raise ConfigError(f"task timeout must be positive, not {timeout!r}")
         if lease is not None and not lease > 0:
             raise ConfigError(f"task lease must be positive, not {lease!r}")
+        retry_classes = None if retry_on is None else _exception_classes("retry_on", retry_on)
+        no_retry_classes = _exception_classes("no_retry_on", no_retry_on)
 
         def register(f: Callable[..., Any], depth: int = 1) -> Task[Any]:
             # The decorated function's own namespace, for annotations naming its locals.
@@ -490,6 +525,8 @@ class App:
                 retry=retry,
                 timeout=timeout,
                 lease=lease,
+                retry_on=retry_classes,
+                no_retry_on=no_retry_classes,
                 localns=localns,
             )
             self.tasks[task_name] = t
@@ -688,6 +725,24 @@ class App:
     def _settings_queue(self) -> AsyncQueue:
         # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
         return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+
+
+def _exception_classes(
+    what: str, given: type[BaseException] | Iterable[type[BaseException]]
+) -> tuple[type[BaseException], ...]:
+    """``retry_on`` / ``no_retry_on`` as a tuple of Exception classes; ConfigError else."""
+    try:
+        classes = (given,) if isinstance(given, type) else tuple(given)
+    except TypeError:
+        raise ConfigError(f"{what} takes Exception classes, not {given!r}") from None
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, Exception)):
+            raise ConfigError(f"{what} takes Exception classes, not {c!r}")
+        if issubclass(c, Retry | Fail):
+            raise ConfigError(
+                f"{what} cannot name {c.__name__}: a task that raises it is always obeyed"
+            )
+    return classes
 
 
 def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:
