@@ -346,6 +346,36 @@ def test_replace_that_loses_to_a_claim_raises(queue: Queue, admin: Any, dsn: str
     assert _payload(queue, a) == {"v": "a"}
 
 
+def test_replace_finds_a_job_that_upkeep_moved_while_it_waited(
+    queue: Queue, admin: Any, dsn: str
+) -> None:
+    """Upkeep moves a delayed job by deleting it and inserting it again in one
+    statement; a replace that waited on the deleted version looks the job up again and
+    replaces it, instead of calling it started."""
+    a = queue.enqueue({"v": "a"}, idempotency_key="k")
+    name = f"skiplock-test:{queue.schema}:b"
+    with psycopg.connect(dsn) as mover:
+        mover.execute(
+            sql.SQL(
+                "WITH moved AS (DELETE FROM {0}.jobs WHERE id = %s RETURNING *) "
+                "INSERT INTO {0}.jobs SELECT * FROM moved"
+            ).format(sql.Identifier(queue.schema)),
+            [a],
+        )
+        out: list[Any] = []
+
+        def b() -> None:
+            with Queue(dsn, schema=queue.schema, max_size=1, application_name=name) as q:
+                out.append(q.enqueue({"v": "b"}, idempotency_key="k", on_conflict="replace"))
+
+        t = threading.Thread(target=b)
+        t.start()
+        wait_until(_blocked_on(admin, mover.info.backend_pid, name), what="B waiting on the move")
+        mover.commit()
+        t.join(20)
+    assert out == [a] and _payload(queue, a) == {"v": "b"}
+
+
 def test_taking_over_a_lapsed_key_waits_for_the_other_taker(
     queue: Queue, admin: Any, dsn: str
 ) -> None:

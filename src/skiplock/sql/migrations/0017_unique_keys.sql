@@ -56,6 +56,7 @@ DECLARE
     holder    bigint;
     h         record;
     st        text;
+    unstarted boolean;
     reason    text;
 BEGIN
     IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('return', 'replace', 'raise') THEN
@@ -140,17 +141,24 @@ BEGIN
                 RETURN NEXT;
                 CONTINUE each;
             ELSIF p_on_conflict = 'replace' AND h.same_task THEN
-                UPDATE {schema}.jobs AS j
-                SET payload = c_payload[i]::jsonb, meta = p_meta::jsonb
-                WHERE j.id = holder AND j.status = 'pending' AND j.attempts = 0;
-                IF FOUND THEN
-                    job_id := holder;
-                    outcome := 'replaced';
-                    RETURN NEXT;
-                    CONTINUE each;
-                END IF;
-                -- A claim got there first (or it had started): too late to replace.
-                SELECT j.status INTO st FROM {schema}.jobs AS j WHERE j.id = holder;
+                FOR attempt IN 1 .. 3 LOOP
+                    UPDATE {schema}.jobs AS j
+                    SET payload = c_payload[i]::jsonb, meta = p_meta::jsonb
+                    WHERE j.id = holder AND j.status = 'pending' AND j.attempts = 0;
+                    IF FOUND THEN
+                        job_id := holder;
+                        outcome := 'replaced';
+                        RETURN NEXT;
+                        CONTINUE each;
+                    END IF;
+                    -- A claim got there first: too late to replace.  Or upkeep moved the
+                    -- (delayed) job to another partition while we waited for its row: a
+                    -- move deletes the version we waited on, so look it up again.
+                    SELECT j.status, j.status = 'pending' AND j.attempts = 0
+                    INTO st, unstarted
+                    FROM {schema}.jobs AS j WHERE j.id = holder;
+                    EXIT WHEN NOT coalesce(unstarted, false);
+                END LOOP;
                 reason := 'started';
             ELSE
                 reason := 'arguments';
