@@ -12,6 +12,7 @@ PUBLIC = {
     "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "Job",
     "JobCancelled",
@@ -47,6 +48,7 @@ def test_errors_share_a_base() -> None:
     for name in (
         "ConfigError",
         "DatabaseUnavailable",
+        "DuplicateJob",
         "LeaseLost",
         "PayloadError",
         "JobFailed",

@@ -3,7 +3,7 @@
 -- (scripts/test fails while this file is not current).
 --
 -- skiplock's schema as a fresh `skiplock migrate` leaves it, through migration
--- 0015_fence_args: tables, partitions, indexes, functions, the trigger and the grants,
+-- 0017_unique_keys: tables, partitions, indexes, functions, the trigger and the grants,
 -- as PostgreSQL 18's pg_dump --schema-only reads them back.  {schema} stands for the
 -- schema's name (default skiplock).  This file is for reading and is never applied: the
 -- migrations in migrations/ create and upgrade a schema.  Comments inside function
@@ -107,6 +107,147 @@ BEGIN
     END LOOP;
 END
 $_$;
+
+-- Name: enqueue_keyed(bigint[], text, text[], text[], integer, timestamp with time zone, integer, text, text, double precision, text, boolean); Type: FUNCTION
+
+CREATE FUNCTION {schema}.enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean) RETURNS TABLE(n integer, job_id bigint, outcome text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    c_n       integer[];
+    c_id      bigint[];
+    c_payload text[];
+    c_key     text[];
+    holder    bigint;
+    h         record;
+    st        text;
+    unstarted boolean;
+    reason    text;
+BEGIN
+    IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('return', 'replace', 'raise') THEN
+        RAISE EXCEPTION 'on_conflict must be return, replace or raise, not %', p_on_conflict
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Every row whose key is free, or that has none, in two statements; the rows whose
+    -- key is held are kept, in key order, for the loop below.
+    WITH u AS MATERIALIZED (
+        SELECT u.id, u.payload, u.key, u.n::integer AS n,
+               p_retry AND EXISTS (SELECT 1 FROM "{schema}".jobs AS j
+                                   WHERE j.id = u.id AND j.queue = p_queue) AS present
+        FROM unnest(p_ids, p_payloads, p_keys) WITH ORDINALITY AS u(id, payload, key, n)
+    ),
+    k AS (
+        INSERT INTO "{schema}".job_keys (queue, idempotency_key, job_id)
+        SELECT p_queue, u.key, u.id FROM u
+        WHERE u.key IS NOT NULL AND NOT u.present
+        ORDER BY u.key, u.n
+        ON CONFLICT DO NOTHING
+        RETURNING job_id
+    ),
+    ins AS (
+        INSERT INTO "{schema}".jobs (id, queue, payload, priority, run_at, max_attempts,
+                                   idempotency_key, task, meta)
+        SELECT u.id, p_queue, u.payload::jsonb, p_priority, coalesce(p_run_at, now()),
+               p_max_attempts, u.key, p_task, p_meta::jsonb
+        FROM u
+        WHERE NOT u.present AND (u.key IS NULL OR u.id IN (SELECT k.job_id FROM k))
+        ORDER BY u.id
+        RETURNING id
+    )
+    SELECT array_agg(u.n ORDER BY u.key, u.n), array_agg(u.id ORDER BY u.key, u.n),
+           array_agg(u.payload ORDER BY u.key, u.n), array_agg(u.key ORDER BY u.key, u.n)
+    INTO c_n, c_id, c_payload, c_key
+    FROM u
+    WHERE NOT u.present AND u.key IS NOT NULL AND u.id NOT IN (SELECT ins.id FROM ins);
+
+    RETURN QUERY
+        SELECT u.n::integer, u.id, 'new'::text
+        FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
+        WHERE u.n NOT IN (SELECT unnest(coalesce(c_n, '{}')));
+
+    <<each>>
+    FOR i IN 1 .. coalesce(cardinality(c_n), 0) LOOP
+        n := c_n[i];
+        LOOP
+            SELECT k.job_id INTO holder
+            FROM "{schema}".job_keys AS k
+            WHERE k.queue = p_queue AND k.idempotency_key = c_key[i]
+            FOR UPDATE;
+            IF NOT FOUND THEN
+                -- Its job went (retention, delete) since the insert above: take it now,
+                -- or, if another enqueuer just did, look again.
+                INSERT INTO "{schema}".job_keys (queue, idempotency_key, job_id)
+                VALUES (p_queue, c_key[i], c_id[i])
+                ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+                CONTINUE;
+            END IF;
+            SELECT j.status, j.attempts,
+                   j.task IS NOT DISTINCT FROM p_task AS same_task,
+                   j.task IS NOT DISTINCT FROM p_task AND j.payload = c_payload[i]::jsonb AS same,
+                   j.status IN ('done', 'failed', 'cancelled')
+                       AND j.finished_at <= clock_timestamp()
+                                            - make_interval(secs => p_unique_for) AS lapsed
+            INTO h
+            FROM "{schema}".jobs AS j
+            WHERE j.id = holder;
+            IF NOT FOUND OR (p_unique_for IS NOT NULL AND h.lapsed) THEN
+                -- The key has lapsed for this enqueuer: it passes to the new job.
+                UPDATE "{schema}".job_keys AS k SET job_id = c_id[i]
+                WHERE k.queue = p_queue AND k.idempotency_key = c_key[i];
+                EXIT;
+            END IF;
+            st := h.status;
+            IF p_on_conflict = 'raise' THEN
+                reason := 'exists';
+            ELSIF h.same THEN
+                job_id := holder;
+                outcome := 'existing';
+                RETURN NEXT;
+                CONTINUE each;
+            ELSIF p_on_conflict = 'replace' AND h.same_task THEN
+                FOR attempt IN 1 .. 3 LOOP
+                    UPDATE "{schema}".jobs AS j
+                    SET payload = c_payload[i]::jsonb, meta = p_meta::jsonb
+                    WHERE j.id = holder AND j.status = 'pending' AND j.attempts = 0;
+                    IF FOUND THEN
+                        job_id := holder;
+                        outcome := 'replaced';
+                        RETURN NEXT;
+                        CONTINUE each;
+                    END IF;
+                    -- A claim got there first: too late to replace.  Or upkeep moved the
+                    -- (delayed) job to another partition while we waited for its row: a
+                    -- move deletes the version we waited on, so look it up again.
+                    SELECT j.status, j.status = 'pending' AND j.attempts = 0
+                    INTO st, unstarted
+                    FROM "{schema}".jobs AS j WHERE j.id = holder;
+                    EXIT WHEN NOT coalesce(unstarted, false);
+                END LOOP;
+                reason := 'started';
+            ELSE
+                reason := 'arguments';
+            END IF;
+            RAISE EXCEPTION 'job % (%) holds key % in queue %', holder, st,
+                            quote_literal(c_key[i]), quote_literal(p_queue)
+                USING ERRCODE = 'SL409',
+                      DETAIL = json_build_object('job_id', holder, 'status', st,
+                                                 'reason', reason, 'key', c_key[i],
+                                                 'queue', p_queue)::text;
+        END LOOP;
+        -- The key is this row's now: its job goes in.
+        INSERT INTO "{schema}".jobs (id, queue, payload, priority, run_at, max_attempts,
+                                   idempotency_key, task, meta)
+        VALUES (c_id[i], p_queue, c_payload[i]::jsonb, p_priority, coalesce(p_run_at, now()),
+                p_max_attempts, c_key[i], p_task, p_meta::jsonb);
+        job_id := c_id[i];
+        outcome := 'new';
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
 
 -- Name: fence_errors(bigint[], uuid[], text[], double precision[], boolean[]); Type: FUNCTION
 
@@ -773,6 +914,10 @@ REVOKE ALL ON FUNCTION {schema}.add_partition(rel text, part integer) FROM PUBLI
 -- Name: FUNCTION drop_finished(older_than double precision); Type: ACL
 
 REVOKE ALL ON FUNCTION {schema}.drop_finished(older_than double precision) FROM PUBLIC;
+
+-- Name: FUNCTION enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean); Type: ACL
+
+REVOKE ALL ON FUNCTION {schema}.enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean) FROM PUBLIC;
 
 -- Name: FUNCTION upkeep(rotate_rows bigint, rotate_after double precision, rotate_idle double precision, batch integer); Type: ACL
 
