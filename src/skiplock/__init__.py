@@ -15,6 +15,7 @@ from ._errors import (
     PayloadError,
     Retry,
     SkiplockError,
+    SoftTimeLimitExceeded,
     UnknownJob,
     UnknownQueue,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "Task",
     "UnknownJob",
     "UnknownQueue",

@@ -122,6 +122,7 @@ class Task(Generic[R]):
         timeout: float | None,
         lease: float | None,
         localns: Mapping[str, Any] | None = None,
+        soft_timeout: float | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -131,6 +132,7 @@ class Task(Generic[R]):
         self.max_attempts = max_attempts
         self.retry = retry
         self.timeout = timeout
+        self.soft_timeout = soft_timeout
         self.lease = lease
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -415,6 +417,8 @@ class App:
         self._queue: Queue | None = None
         self._aqueue: AsyncQueue | None = None
         self._alock: asyncio.Lock | None = None
+        # Set by the CLI (--app): where a process pool's children import the app from.
+        self._import_path: str | None = None
 
     def __repr__(self) -> str:
         return f"<App schema={self.schema!r} tasks={sorted(self.tasks)}>"
@@ -435,6 +439,7 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        soft_timeout: float | None = None,
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -448,6 +453,7 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        soft_timeout: float | None = None,
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -455,8 +461,12 @@ class App:
         or moving the function renames the task (pass ``name=`` to keep it stable).
         ``priority`` (lower runs first) and ``max_attempts`` are the deferral defaults.
         ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
-        seconds an attempt may run (then it fails and is retried).  ``lease``: the
-        worker running this task holds leases of at least this many seconds.
+        seconds an attempt may run (then it fails and is retried; under a worker's
+        process pool its process is killed).  ``soft_timeout``: under the process pool,
+        seconds after which ``SoftTimeLimitExceeded`` is raised in the task so it can
+        clean up (shorter than ``timeout``; threads cannot be interrupted and ignore
+        it).  ``lease``: the worker running this task holds leases of at least this
+        many seconds.
         """
         validate_queue(queue)
         _check_enqueue_options(queue, priority, None, max_attempts)
@@ -464,6 +474,13 @@ class App:
             raise ConfigError(f"task timeout must be positive, not {timeout!r}")
         if lease is not None and not lease > 0:
             raise ConfigError(f"task lease must be positive, not {lease!r}")
+        if soft_timeout is not None and not soft_timeout > 0:
+            raise ConfigError(f"task soft_timeout must be positive, not {soft_timeout!r}")
+        if soft_timeout is not None and timeout is not None and soft_timeout >= timeout:
+            raise ConfigError(
+                f"task soft_timeout ({soft_timeout:g}s) must be shorter than its timeout "
+                f"({timeout:g}s)"
+            )
 
         def register(f: Callable[..., Any], depth: int = 1) -> Task[Any]:
             # The decorated function's own namespace, for annotations naming its locals.
@@ -491,6 +508,7 @@ class App:
                 timeout=timeout,
                 lease=lease,
                 localns=localns,
+                soft_timeout=soft_timeout,
             )
             self.tasks[task_name] = t
             return t
@@ -627,6 +645,7 @@ class App:
             options["lease"] = max(max(leases), 30.0)
         options.setdefault("periodic", list(self.periodic_specs))
         options["task_timeouts"] = {t.name: t.timeout for t in served if t.timeout}
+        options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
 
     def worker(
         self,
@@ -637,28 +656,37 @@ class App:
     ) -> Worker:
         """A ``Worker`` running this app's tasks (all its queues, or ``queues``).
 
-        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ...); ``using`` is a
-        Queue whose settings replace the app's (the CLI's ``--dsn``).  The worker
-        claims only the tasks it knows: a job deferred by a newer version of the app
-        waits, uncharged, for a worker that knows its task.
+        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ``pool``, ...);
+        ``using`` is a Queue whose settings replace the app's (the CLI's ``--dsn``).
+        The worker claims only the tasks it knows: a job deferred by a newer version
+        of the app waits, uncharged, for a worker that knows its task.
+
+        With ``pool="process"`` each child imports the modules of the app's tasks and
+        finds the app in one of them (ConfigError if it is not a module-level name
+        there); ``async def`` tasks then run in the child with ``asyncio.run``.
         """
         names, served = self._served(queues)
         self._worker_options(served, options)
-        known = {t.name: t for t in served}
-
-        def handle(job: Job) -> Any:
-            task = known[str(job.task)]
-            with _trace.span(task.name, job):
-                try:
-                    if task.is_async:
-                        # A coroutine is cancelled at the task's timeout, for real.
-                        return asyncio.run(run_coroutine(task.run, job, task.timeout))
-                    return task.run(job)
-                except BaseException as exc:
-                    _reraise(task, exc, job)
-
+        handle = TaskHandler(self, sorted(t.name for t in served))
         q = using if using is not None else self.queue
-        return Worker(q, handle, queues=names, tasks=sorted(known), **options)
+        return Worker(q, handle, queues=names, tasks=handle.names, **options)
+
+    def import_path(self) -> str:
+        """``module:name`` under which this app can be imported: where a process pool's
+        children find it.  The CLI's ``--app`` path; else a module-level name bound to
+        this app in one of its tasks' modules."""
+        if self._import_path is not None:
+            return self._import_path
+        for module_name in sorted({t.fn.__module__ for t in self.tasks.values()}):
+            module = sys.modules.get(module_name)
+            for attr, value in vars(module).items() if module is not None else ():
+                if value is self:
+                    return f"{module_name}:{attr}"
+        raise ConfigError(
+            "pool='process' needs the app importable by its children: bind it to a "
+            "module-level name in the module of one of its tasks (or run it with "
+            "skiplock worker --app module:app)"
+        )
 
     def async_worker(self, *, queues: Sequence[str] | None = None, **options: Any) -> AsyncWorker:
         """An ``AsyncWorker`` running this app's tasks on one event loop.
@@ -688,6 +716,52 @@ class App:
     def _settings_queue(self) -> AsyncQueue:
         # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
         return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+
+
+class TaskHandler:
+    """The one handler of an app's Worker: looks each job's task up and runs it.
+
+    A process pool's child gets it by pickle: it travels as the app's import path, the
+    modules of its tasks and the task names, and is rebuilt in the child
+    (``_task_handler``), which imports the same code the worker did.
+    """
+
+    def __init__(self, app: App, names: Sequence[str]) -> None:
+        self.app = app
+        self.names = list(names)
+        self._known = {name: app.tasks[name] for name in names}
+
+    def __call__(self, job: Job) -> Any:
+        task = self._known[str(job.task)]
+        with _trace.span(task.name, job):
+            try:
+                if task.is_async:
+                    # A coroutine is cancelled at the task's timeout, for real.
+                    return asyncio.run(run_coroutine(task.run, job, task.timeout))
+                return task.run(job)
+            except BaseException as exc:
+                _reraise(task, exc, job)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        modules = sorted({t.fn.__module__ for t in self._known.values()})
+        return (_task_handler, (self.app.import_path(), modules, self.names))
+
+
+def _task_handler(app_path: str, modules: list[str], names: list[str]) -> TaskHandler:
+    """A TaskHandler rebuilt in a child process from what ``__reduce__`` sent."""
+    import importlib
+
+    from ._handlers import load_object
+
+    for module in modules:
+        importlib.import_module(module)
+    app = load_object(app_path, what="app")
+    if not isinstance(app, App):
+        raise ConfigError(f"{app_path} is a {type(app).__name__}, not a skiplock.App")
+    missing = [n for n in names if n not in app.tasks]
+    if missing:
+        raise ConfigError(f"the app {app_path} has no task(s) {', '.join(missing)} here")
+    return TaskHandler(app, names)
 
 
 def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:

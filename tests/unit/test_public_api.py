@@ -25,6 +25,7 @@ PUBLIC = {
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "Task",
     "UnknownJob",
     "UnknownQueue",
