@@ -10,10 +10,13 @@ the claim, the fenced writes, the heartbeats, the liveness mark.  The child only
 the handler and sends back its ``Outcome`` (the result already encoded), so fencing is
 unchanged: a late outcome of a lost lease is refused by the fence as with threads.
 
-Children start with ``spawn``: forking a process that runs threads (the worker's
-writers, heartbeat, listener, and the handlers' own) can copy a lock held mid-call,
-and the child deadlocks on it.  A spawned child imports the handlers afresh, so they
-must be importable by qualified name (``check_picklable``).
+Children start with ``forkserver``: forking the worker itself, which runs threads
+(its writers, heartbeat, listener), can copy a lock held mid-call, and the child
+deadlocks on it.  The fork server is a single-threaded process started once (with
+skiplock imported in it), so a new child costs a fork, not a fresh interpreter as
+with ``spawn``: that matters when children are killed at their timeouts or retired.
+Either way a child imports the handlers afresh, so they must be importable by
+qualified name (``check_picklable``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from queue import Empty, SimpleQueue
 from types import FrameType
 
@@ -42,7 +45,9 @@ __all__ = ["ProcessPool", "check_picklable"]
 
 logger = logging.getLogger("skiplock.worker")
 
-_SPAWN = multiprocessing.get_context("spawn")
+_CONTEXT = multiprocessing.get_context("forkserver")
+# Imported once in the fork server, not in each child.
+_CONTEXT.set_forkserver_preload(["skiplock", "skiplock._procpool"])
 # A child imports skiplock, psycopg and the handlers' modules before it is ready.
 START_TIMEOUT = 60.0
 # An idle child asked to exit that has not within this is killed.
@@ -91,10 +96,19 @@ def _rss_bytes() -> int:
 
 
 def _orphan_watch(parent: int) -> None:
-    # A worker killed outright cannot kill its children; one whose parent is gone
-    # exits rather than run its task on, unbounded by any timeout.
-    while os.getppid() == parent:
-        time.sleep(1.0)
+    # A worker killed outright cannot kill its children; one whose worker is gone
+    # exits rather than run its task on, unbounded by any timeout.  (Our parent
+    # process is the fork server; the worker is watched through its sentinel.)
+    worker = multiprocessing.parent_process()
+    if worker is not None and worker.sentinel is not None:
+        wait([worker.sentinel])
+    else:
+        while True:
+            try:
+                os.kill(parent, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(1.0)
     os._exit(70)
 
 
@@ -150,8 +164,8 @@ class _Child:
     """One child process and the parent's end of its pipe."""
 
     def __init__(self, blob: bytes, name: str) -> None:
-        parent_end, child_end = _SPAWN.Pipe()
-        self.process = _SPAWN.Process(
+        parent_end, child_end = _CONTEXT.Pipe()
+        self.process = _CONTEXT.Process(
             target=_child_main,
             args=(child_end, blob, logging.getLogger().getEffectiveLevel(), os.getpid()),
             name=name,
