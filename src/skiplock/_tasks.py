@@ -645,7 +645,6 @@ class App:
             options["lease"] = max(max(leases), 30.0)
         options.setdefault("periodic", list(self.periodic_specs))
         options["task_timeouts"] = {t.name: t.timeout for t in served if t.timeout}
-        options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
 
     def worker(
         self,
@@ -667,6 +666,8 @@ class App:
         """
         names, served = self._served(queues)
         self._worker_options(served, options)
+        # An event loop cannot interrupt a task either: soft limits are the process pool's.
+        options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
         handle = TaskHandler(self, sorted(t.name for t in served))
         q = using if using is not None else self.queue
         return Worker(q, handle, queues=names, tasks=handle.names, **options)

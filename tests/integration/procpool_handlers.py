@@ -6,13 +6,14 @@ to leave files in: the child's pid when it starts, a marker from its cleanup.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from skiplock import Job, SoftTimeLimitExceeded
+from skiplock import App, Job, SoftTimeLimitExceeded
 
 
 def _note(job: Job, name: str, text: str) -> None:
@@ -55,3 +56,19 @@ def handle(job: Job) -> Any:
 
 
 _leak: list[bytearray] = []
+
+
+# An app at module level, as a process pool's children find it (App.import_path); the
+# tests give its worker their own queue (``using=``), so it needs no DSN of its own.
+app = App()
+
+
+@app.task(name="pp.double")
+def double(n: int) -> dict[str, int]:
+    return {"value": 2 * n, "pid": os.getpid()}
+
+
+@app.task(name="pp.adouble")
+async def adouble(n: int) -> dict[str, int]:
+    await asyncio.sleep(0)
+    return {"value": 2 * n, "pid": os.getpid()}

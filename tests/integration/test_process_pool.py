@@ -21,6 +21,7 @@ from psycopg import sql
 
 from skiplock import App, ConfigError, Job, Queue, Worker
 
+from .procpool_handlers import app as module_app
 from .procpool_handlers import handle
 from .test_worker import counts, running, wait_until
 
@@ -189,6 +190,15 @@ def test_shutdown_kills_a_child_still_running_at_the_end_of_the_grace(
     [pid] = _pids(tmp_path)
     assert _cpu(pid) is None, "the child outlived its worker"
     assert w.stats.abandoned == 1
+
+
+def test_an_apps_sync_and_async_tasks_run_in_children(queue: Queue) -> None:
+    ids = [queue.enqueue({"n": n}, task=t) for n, t in ((1, "pp.double"), (2, "pp.adouble"))]
+    with running(module_app.worker(using=queue, pool="process", concurrency=1)):
+        wait_until(lambda: counts(queue).get("done", 0) == 2, 30, "both tasks")
+    first, second = (_job(queue, i).result for i in ids)
+    assert (first["value"], second["value"]) == (2, 4)
+    assert first["pid"] == second["pid"] != os.getpid()
 
 
 def _local_handler(job: Job) -> None:
