@@ -180,6 +180,18 @@ def test_lease_lost_while_a_child_runs_changes_nothing(
     queue.complete(mine)
 
 
+def test_a_cancel_kills_the_child_running_the_job(queue: Queue, tmp_path: Path) -> None:
+    job_id = queue.enqueue({"do": "gated", "dir": str(tmp_path)})
+    nxt = queue.enqueue({"do": "pid"})
+    w = Worker(queue, handle, pool="process", concurrency=1, lease=3, poll_interval=0.05)
+    with running(w):
+        wait_until(lambda: bool(_pids(tmp_path)), 20, "the child to start")
+        queue.cancel(job_id)
+        wait_until(lambda: _job(queue, nxt).status == "done", 20, "the next job")
+    assert _job(queue, job_id).status == "cancelled"
+    assert _cpu(_pids(tmp_path)[0]) is None  # its child was killed, never ungated
+
+
 def test_shutdown_kills_a_child_still_running_at_the_end_of_the_grace(
     queue: Queue, tmp_path: Path
 ) -> None:
