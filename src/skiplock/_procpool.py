@@ -46,8 +46,6 @@ __all__ = ["ProcessPool", "check_picklable"]
 logger = logging.getLogger("skiplock.worker")
 
 _CONTEXT = multiprocessing.get_context("forkserver")
-# Imported once in the fork server, not in each child.
-_CONTEXT.set_forkserver_preload(["skiplock", "skiplock._procpool"])
 # A child imports skiplock, psycopg and the handlers' modules before it is ready.
 START_TIMEOUT = 60.0
 # An idle child asked to exit that has not within this is killed.
@@ -265,6 +263,10 @@ class ProcessPool:
         wake: Callable[[], None] = lambda: None,
     ) -> None:
         self._blob = check_picklable(handlers)
+        # Imported once in the fork server, not in each child.  Set here, not at import,
+        # so that importing skiplock changes nothing for an application's own fork
+        # server; it counts only until the server starts, which the first child does.
+        _CONTEXT.set_forkserver_preload(["skiplock", "skiplock._procpool"])
         self._on_start = on_start
         self._on_done = on_done
         self._timeout = timeout
