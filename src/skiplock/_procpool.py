@@ -134,7 +134,7 @@ def _child_main(conn: Connection, handlers_blob: bytes, log_level: int, parent: 
             return
         if message is None:
             return
-        job, timeout, soft, max_result_bytes = message
+        job, timeout, soft, max_result_bytes, measure = message
         outcome: Outcome | None = None
         try:
             if soft:
@@ -148,7 +148,7 @@ def _child_main(conn: Connection, handlers_blob: bytes, log_level: int, parent: 
             signal.setitimer(signal.ITIMER_REAL, 0)
             if outcome is None:
                 outcome = failed_outcome(exc, job, timeout)
-        conn.send((outcome, _rss_bytes()))
+        conn.send((outcome, _rss_bytes() if measure else 0))
 
 
 # -- the parent --------------------------------------------------------------------------
@@ -173,6 +173,7 @@ class _Child:
         self.conn = parent_end
         self.tasks = 0
         self.killed = False
+        self.gone = False  # its pipe broke: it died, or is dying
 
     @property
     def pid(self) -> int | None:
@@ -354,10 +355,13 @@ class ProcessPool:
         began = time.monotonic()
         rss = 0
         try:
-            child.conn.send((job, timeout, self._soft_timeout(job), self._max_result_bytes))
+            soft = self._soft_timeout(job)
+            measure = self._max_memory is not None
+            child.conn.send((job, timeout, soft, self._max_result_bytes, measure))
             outcome, rss = self._await(child, me)
         except (EOFError, OSError):
             outcome = self._died(child, job)
+            child.gone = True
         except BaseException as exc:
             # A result that will not unpickle, say: the slot must live on.
             outcome = Outcome("retry", _trim("".join(traceback.format_exception(exc))))
@@ -376,7 +380,7 @@ class ProcessPool:
         except Exception:
             logger.exception("handing over the outcome of job %s failed", job.id)
         child.tasks += 1
-        if child.killed or child.process.exitcode is not None:
+        if child.killed or child.gone:  # one that answered is alive: no need to ask
             child.close()
             return None
         why = ""
