@@ -73,6 +73,7 @@ def test_worker_with_a_process_pool(dsn: str, schema: str, tmp_path: Path) -> No
     q = Queue(dsn, schema=schema, max_size=2)
     try:
         q.migrate()
+        # Enqueued by task name, not deferred: a task's max_attempts applies to defer().
         burn = q.enqueue({}, task="procapp.burn", max_attempts=1)
         marker = tmp_path / "marker"
         tidy = q.enqueue({"marker": str(marker)}, task="procapp.tidy", max_attempts=1)
@@ -87,7 +88,6 @@ def test_worker_with_a_process_pool(dsn: str, schema: str, tmp_path: Path) -> No
         wait_until(lambda: status(burn) == "failed", 60, "the CPU-bound task's limit")
         wait_until(lambda: status(tidy) == "failed", 60, "the soft limit")
         wait_until(lambda: status(bye) == "failed", 60, "the exiting task")
-        # (enqueued here, not deferred: max_attempts is the task's only through defer)
         # Nothing of the killed task burns on: the worker's children sit idle.
         before = _descendants_cpu(worker.pid)
         time.sleep(1.0)
