@@ -78,8 +78,9 @@ def test_a_cpu_bound_task_stops_at_its_timeout_and_its_retry_runs_alone(
     assert overlap == [], "two children burned CPU for the same job at once"
     for pid in (first, second):
         seen = samples[pid]
-        # It really ran (CPU-bound, on a busy machine at least a fraction of a core)...
-        assert seen[-1][1] - seen[0][1] > 0.3, seen
+        # It really ran (on 2 cores shared with a load of 15 a CPU-bound child gets
+        # about a tenth of a core, so the bar is low)...
+        assert seen[-1][1] - seen[0][1] > 0.05, seen
         # ...and stopped within about its 3 s: its last sample alive came before
         # 3 s + the reap's slack after its first.
         assert seen[-1][0] - seen[0][0] < 4.5, seen
