@@ -229,8 +229,8 @@ class RunTime:
     1 s): it prefetches nothing, so a slow job never waits behind another.  It used to
     move from there by 5 % a job, so no-op jobs took about 200 jobs to be seen as fast,
     and a worker that started on a backlog ran its first ~100 ms at a tenth of its rate,
-    claiming a chain's share at a time (bench/README.md, "a prefetch that learns at
-    once": the first 1,000 jobs of a drain done ~190 ms after the start, ~115 now).
+    claiming a chain's share at a time (bench/results/2026-12-06-cheaper-claimed-rows.md:
+    the first 1,000 jobs of a drain done ~190 ms after the start, ~115 now).
     Now the first ``1 / WEIGHT`` jobs are averaged plainly (weight 1/n), and only then
     does it weigh each new job by ``WEIGHT``: the first job's own time replaces the
     prior, and a few more steady it.

@@ -17,9 +17,9 @@ A *chain* is one claim-and-write path: a writer, its connection, its own claim c
 and the jobs it claimed, which it alone completes.  Its client work (Python, the
 driver) and its server work run one after the other, so one chain keeps at most one
 core busy at a time; with two chains, one's server time overlaps the other's Python,
-and short jobs drain 1.2-1.3x faster in one process (docs/architecture.md, "What
-bounds one process").  The handler pool, heartbeats, liveness mark, listener and
-upkeep stay one per worker.
+and short jobs drain 1.2-1.3x faster in one process
+(docs/decisions/0012-two-chains-per-worker.md).  The handler pool, heartbeats,
+liveness mark, listener and upkeep stay one per worker.
 
 Nothing here holds a transaction open while a handler runs: the claim commits, the
 lease is the only claim a worker keeps, and the lease token guards every write.
@@ -137,7 +137,7 @@ class Worker(WorkerBase):
         On by default: a completion the worker was told had committed survives a
         server crash.  ``False`` (the worker's own connections only; enqueues stay
         synchronous) returns each commit before its WAL is written, about 1.3-1.8x the
-        drain rate of no-op jobs (bench/commit_modes.py), at a cost: a crash of the
+        drain rate of no-op jobs (bench/results/2026-12-03-issue-11.md), at a cost: a crash of the
         server takes back claims, heartbeats and *completions* acknowledged in the
         last few hundred milliseconds, and those jobs run again (the chaos crash
         fault: 10 re-runs in 3 crashes at 60 jobs/s; none with the default).  Never
@@ -153,11 +153,11 @@ class Worker(WorkerBase):
     fuse_claims
         On by default.  The writer sends each batch of completions and a claim of the
         slots they free in one transaction, pipelined: one round trip and one commit
-        flush where there are two (docs/architecture.md, "Storage, second round",
-        candidate C), about 1.1-1.2x the drain rate of short jobs.  Each statement is
-        unchanged, so are the fence and the claim; the claim loop still claims when
-        the writer has nothing to write.  ``False`` completes and claims in
-        transactions of their own (``skiplock worker --no-fuse-claims``).
+        flush where there are two (docs/decisions/0002-fused-complete-and-claim.md),
+        about 1.1-1.2x the drain rate of short jobs.  Each statement is unchanged, so
+        are the fence and the claim; the claim loop still claims when the writer has
+        nothing to write.  ``False`` completes and claims in transactions of their own
+        (``skiplock worker --no-fuse-claims``).
     tasks
         Claim only jobs of these task names (``App.worker`` passes the app's tasks);
         None, the default, claims every job of the queues.  A job of a task the
@@ -581,7 +581,8 @@ class Worker(WorkerBase):
 
         A step moves up to 2,000 finished jobs (10-30 ms), and after a burst a call takes
         several in a row: on the claim loop, no claim went out meanwhile (300-450 ms of
-        steps were sampled inside one burst; bench/README.md, "The held burst").
+        steps were sampled inside one burst;
+        bench/results/2026-12-04-held-burst-and-full-run-on-0009.md).
         """
         assert self._uq is not None
         while True:

@@ -599,8 +599,8 @@ class WorkerBase:
     # of short jobs is claimed and completed for about the cost of one job.  Measured:
     # 20,000 no-op jobs at concurrency 8 drained 1.4x faster with 64 than with 16; once
     # migration 0012 stopped the claim from planning at every call, 40,000 drained
-    # 1.3x faster with 256 than with 64 (bench/README.md, "Figures of issue 19, the
-    # pick's plan kept"), and no faster with 512.  At concurrency 8 only jobs shorter
+    # 1.3x faster with 256 than with 64 (bench/results/2026-12-05-pick-plan-kept.md),
+    # and no faster with 512.  At concurrency 8 only jobs shorter
     # than a 32nd of a claim's round trip go that deep (see adaptive_prefetch).
     PREFETCH_BATCH = 256
 
@@ -696,7 +696,7 @@ class WorkerBase:
     # their day can wait, the jobs cannot: a step (up to 2,000 jobs moved, 10-30 ms)
     # holds a server process and adds its WAL to the flush every commit waits for: a
     # million-job backlog moved flat out held a drain beside it to 0.74-0.78 of a fresh
-    # table's pace, 0.81-0.87 paced (bench/README.md, "The upkeep paced").  At a quarter
+    # table's pace, 0.81-0.87 paced (bench/results/2026-12-05-upkeep-paced.md).  At a quarter
     # a busy worker still moves at least about 16,000 jobs a second (2,000 a step of at
     # most 30 ms, one every 120 ms), more than one process finishes; an idle worker
     # moves flat out.

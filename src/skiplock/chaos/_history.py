@@ -54,7 +54,17 @@ ALLOWED_CAUSES = frozenset({"killed", "paused", "crash", "unwritten"})
 _HANDED_BACK = frozenset({"retried"})
 _ENDINGS = frozenset({"completed", "retried", "failed", "released", "timed_out", "lease_lost"})
 # Faults that take the database or the path to it away from a living worker.
-_OUTAGES = ("failover", "crash", "restart", "maxconn", "readonly", "exhaust", "proxy", "terminate")
+_OUTAGES = (
+    "failover",
+    "patroni",
+    "crash",
+    "restart",
+    "maxconn",
+    "readonly",
+    "exhaust",
+    "proxy",
+    "terminate",
+)
 
 
 class HistoryWriter:
@@ -347,7 +357,7 @@ def check(
     res.recovery_seconds = [_recovery(k, attempts, by_value) for k in kills]
     res.throughput = _throughput(phases, completions)
     for f in faults:
-        if f.get("f") in ("restart", "crash", "failover"):
+        if f.get("f") in ("restart", "crash", "failover", "patroni"):
             first, every = _back_to_claim(f, claims)
             res.back_to_claim.append(first)
             res.back_to_claim_all.append(every)

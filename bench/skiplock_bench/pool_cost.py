@@ -1,6 +1,7 @@
-"""The process pool's cost per job against threads: drains of no-op and of 10 ms jobs.
+"""``python -m skiplock_bench pool-cost``: the process pool's cost per job against threads.
 
-``python bench/pool_cost.py [ROUNDS] [N_NOOP] [N_SLEEP] [C]`` (defaults 3, 2000, 400, 4).
+``python -m skiplock_bench pool-cost [ROUNDS] [N_NOOP] [N_SLEEP] [C]`` (defaults 3,
+2000, 400, 4).
 Each round drains, in alternation, N_NOOP no-op jobs and N_SLEEP jobs that sleep 10 ms,
 with ``pool="thread"`` and with ``pool="process"``, one Worker of concurrency C each.
 The worker starts on an empty queue and is timed from the moment its handlers are
@@ -18,11 +19,16 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
 
 from skiplock import Job, Queue, Worker
+
+from .common import DEFAULT_DSN
+
+# Module-level, so that the process pool's children import them by name.
 
 
 def noop(job: Job) -> None:
@@ -33,13 +39,15 @@ def sleep10(job: Job) -> None:
     time.sleep(0.010)
 
 
-def drain(dsn: str, pool: str, handler: object, n: int, c: int) -> tuple[float, float]:
+def drain(
+    dsn: str, pool: str, handler: Callable[[Job], None], n: int, c: int
+) -> tuple[float, float]:
     """(seconds to start the worker's handlers, seconds to drain ``n`` jobs)."""
     schema = f"poolcost_{uuid.uuid4().hex[:8]}"
     q = Queue(dsn, schema=schema, max_size=2)
     try:
         q.migrate()
-        w = Worker(q, handler, pool=pool, concurrency=c, poll_interval=0.05)  # type: ignore[arg-type]
+        w = Worker(q, handler, pool=pool, concurrency=c, poll_interval=0.05)
         began = time.monotonic()
         thread = w.start()
         while w._pool is None:  # built in run() once every child is ready
@@ -59,11 +67,16 @@ def drain(dsn: str, pool: str, handler: object, n: int, c: int) -> tuple[float, 
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-def main() -> None:
-    args = [int(a) for a in sys.argv[1:]]
+def main(argv: list[str] | None = None) -> int:
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if len(args) > 4:
+        raise SystemExit(__doc__)
     rounds, n_noop, n_sleep, c = (args + [3, 2000, 400, 4][len(args) :])[:4]
-    dsn = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-    kinds = {"noop": (noop, n_noop), "10ms": (sleep10, n_sleep)}
+    dsn = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
+    kinds: dict[str, tuple[Callable[[Job], None], int]] = {
+        "noop": (noop, n_noop),
+        "10ms": (sleep10, n_sleep),
+    }
     figures: dict[tuple[str, str], list[float]] = {}
     starts: dict[str, list[float]] = {}
     for r in range(rounds):
@@ -91,7 +104,4 @@ def main() -> None:
         )
     for pool, s in starts.items():
         print(f"  start of {c} handlers, {pool}: median {statistics.median(s):.3f} s")
-
-
-if __name__ == "__main__":
-    main()
+    return 0
