@@ -169,15 +169,17 @@ class _Child:
             name=name,
         )
         self.process.start()
+        self._pid = self.process.pid  # still known once the process object is closed
         child_end.close()
         self.conn = parent_end
         self.tasks = 0
         self.killed = False
         self.gone = False  # its pipe broke: it died, or is dying
+        self.closed = False
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid
+        return self._pid
 
     def ready(self, timeout: float = START_TIMEOUT) -> None:
         """Wait for the child to load the handlers; ChildStartError if it cannot."""
@@ -195,7 +197,9 @@ class _Child:
     def kill(self) -> None:
         """SIGKILL (idempotent): the CPU it uses stops now, whatever it is doing."""
         self.killed = True
-        pid = self.process.pid
+        if self.closed:
+            return
+        pid = self._pid
         if pid is not None and self.process.exitcode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -213,7 +217,10 @@ class _Child:
         return f"exit code {code}"
 
     def close(self) -> None:
-        """Ask the child to exit; kill it if it does not; reap it."""
+        """Ask the child to exit; kill it if it does not; reap it (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
         if not self.killed and self.process.exitcode is None:
             with contextlib.suppress(OSError):
                 self.conn.send(None)

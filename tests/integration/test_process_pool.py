@@ -214,6 +214,14 @@ def test_an_apps_sync_and_async_tasks_run_in_children(queue: Queue) -> None:
     assert first["pid"] == second["pid"] != os.getpid()
 
 
+def test_a_handler_that_will_not_load_in_a_child_stops_the_start(queue: Queue) -> None:
+    from .procpool_broken import handler
+
+    w = Worker(queue, handler, pool="process", concurrency=2)
+    with pytest.raises(ConfigError, match="could not start: RuntimeError: this module refuses"):
+        w.run()
+
+
 def _local_handler(job: Job) -> None:
     return None
 
