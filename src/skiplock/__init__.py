@@ -16,6 +16,7 @@ from ._errors import (
     PayloadError,
     Retry,
     SkiplockError,
+    SoftTimeLimitExceeded,
     UnknownJob,
     UnknownQueue,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "Task",
     "UnknownJob",
     "UnknownQueue",

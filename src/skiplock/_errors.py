@@ -14,6 +14,7 @@ __all__ = [
     "PayloadError",
     "Retry",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "UnknownJob",
     "UnknownQueue",
 ]
@@ -132,3 +133,10 @@ class Retry(Exception):
 
 class Fail(Exception):
     """Raise from a handler to end the job as ``failed`` at once, with no retry."""
+
+
+class SoftTimeLimitExceeded(Exception):
+    """Raised inside a task running in a process pool (``pool="process"``) when it
+    passes its ``soft_timeout``: catch it to clean up before the hard ``timeout`` kills
+    the child.  Left uncaught, the attempt fails (and is retried) with its traceback.
+    """

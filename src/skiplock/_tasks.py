@@ -127,6 +127,7 @@ class Task(Generic[R]):
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
         localns: Mapping[str, Any] | None = None,
+        soft_timeout: float | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -136,6 +137,7 @@ class Task(Generic[R]):
         self.max_attempts = max_attempts
         self.retry = retry
         self.timeout = timeout
+        self.soft_timeout = soft_timeout
         self.lease = lease
         self.retry_on = retry_on
         self.no_retry_on = no_retry_on
@@ -499,6 +501,8 @@ class App:
         self._queue: Queue | None = None
         self._aqueue: AsyncQueue | None = None
         self._alock: asyncio.Lock | None = None
+        # Set by the CLI (--app): where a process pool's children import the app from.
+        self._import_path: str | None = None
 
     def __repr__(self) -> str:
         return f"<App schema={self.schema!r} tasks={sorted(self.tasks)}>"
@@ -524,6 +528,7 @@ class App:
         key: str | Callable[..., str] | None = None,
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
+        soft_timeout: float | None = None,
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -542,6 +547,7 @@ class App:
         key: str | Callable[..., str] | None = None,
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
+        soft_timeout: float | None = None,
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -549,8 +555,12 @@ class App:
         or moving the function renames the task (pass ``name=`` to keep it stable).
         ``priority`` (lower runs first) and ``max_attempts`` are the deferral defaults.
         ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
-        seconds an attempt may run (then it fails and is retried).  ``lease``: the
-        worker running this task holds leases of at least this many seconds.
+        seconds an attempt may run (then it fails and is retried; under a worker's
+        process pool its process is killed).  ``soft_timeout``: under the process pool,
+        seconds after which ``SoftTimeLimitExceeded`` is raised in the task so it can
+        clean up (shorter than ``timeout``; threads cannot be interrupted and ignore
+        it).  ``lease``: the worker running this task holds leases of at least this
+        many seconds.
         ``retry_on``: the exception classes that are retried (default: every one);
         ``no_retry_on``: those that end the job failed at once, which wins where both
         match.  ``Retry`` and ``Fail`` raised by the task always mean what they say.
@@ -570,6 +580,13 @@ class App:
         check_unique(unique_for, on_conflict)
         if key is not None and not (isinstance(key, str) or callable(key)):
             raise ConfigError(f"task key must be a format string or a callable, not {key!r}")
+        if soft_timeout is not None and not soft_timeout > 0:
+            raise ConfigError(f"task soft_timeout must be positive, not {soft_timeout!r}")
+        if soft_timeout is not None and timeout is not None and soft_timeout >= timeout:
+            raise ConfigError(
+                f"task soft_timeout ({soft_timeout:g}s) must be shorter than its timeout "
+                f"({timeout:g}s)"
+            )
 
         def register(f: Callable[..., Any], depth: int = 1) -> Task[Any]:
             # The decorated function's own namespace, for annotations naming its locals.
@@ -602,6 +619,7 @@ class App:
                 unique_for=unique_for,
                 on_conflict=on_conflict,
                 localns=localns,
+                soft_timeout=soft_timeout,
             )
             self.tasks[task_name] = t
             return t
@@ -748,28 +766,39 @@ class App:
     ) -> Worker:
         """A ``Worker`` running this app's tasks (all its queues, or ``queues``).
 
-        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ...); ``using`` is a
-        Queue whose settings replace the app's (the CLI's ``--dsn``).  The worker
-        claims only the tasks it knows: a job deferred by a newer version of the app
-        waits, uncharged, for a worker that knows its task.
+        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ``pool``, ...);
+        ``using`` is a Queue whose settings replace the app's (the CLI's ``--dsn``).
+        The worker claims only the tasks it knows: a job deferred by a newer version
+        of the app waits, uncharged, for a worker that knows its task.
+
+        With ``pool="process"`` each child imports the modules of the app's tasks and
+        finds the app in one of them (ConfigError if it is not a module-level name
+        there); ``async def`` tasks then run in the child with ``asyncio.run``.
         """
         names, served = self._served(queues)
         self._worker_options(served, options)
-        known = {t.name: t for t in served}
-
-        def handle(job: Job) -> Any:
-            task = known[str(job.task)]
-            with _trace.span(task.name, job):
-                try:
-                    if task.is_async:
-                        # A coroutine is cancelled at the task's timeout, for real.
-                        return asyncio.run(run_coroutine(task.run, job, task.timeout))
-                    return task.run(job)
-                except BaseException as exc:
-                    _reraise(task, exc, job)
-
+        # An event loop cannot interrupt a task either: soft limits are the process pool's.
+        options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
+        handle = TaskHandler(self, sorted(t.name for t in served))
         q = using if using is not None else self.queue
-        return Worker(q, handle, queues=names, tasks=sorted(known), **options)
+        return Worker(q, handle, queues=names, tasks=handle.names, **options)
+
+    def import_path(self) -> str:
+        """``module:name`` under which this app can be imported: where a process pool's
+        children find it.  The CLI's ``--app`` path; else a module-level name bound to
+        this app in one of its tasks' modules."""
+        if self._import_path is not None:
+            return self._import_path
+        for module_name in sorted({t.fn.__module__ for t in self.tasks.values()}):
+            module = sys.modules.get(module_name)
+            for attr, value in vars(module).items() if module is not None else ():
+                if value is self:
+                    return f"{module_name}:{attr}"
+        raise ConfigError(
+            "pool='process' needs the app importable by its children: bind it to a "
+            "module-level name in the module of one of its tasks (or run it with "
+            "skiplock worker --app module:app)"
+        )
 
     def async_worker(self, *, queues: Sequence[str] | None = None, **options: Any) -> AsyncWorker:
         """An ``AsyncWorker`` running this app's tasks on one event loop.
@@ -817,6 +846,52 @@ def _exception_classes(
                 f"{what} cannot name {c.__name__}: a task that raises it is always obeyed"
             )
     return classes
+
+
+class TaskHandler:
+    """The one handler of an app's Worker: looks each job's task up and runs it.
+
+    A process pool's child gets it by pickle: it travels as the app's import path, the
+    modules of its tasks and the task names, and is rebuilt in the child
+    (``_task_handler``), which imports the same code the worker did.
+    """
+
+    def __init__(self, app: App, names: Sequence[str]) -> None:
+        self.app = app
+        self.names = list(names)
+        self._known = {name: app.tasks[name] for name in names}
+
+    def __call__(self, job: Job) -> Any:
+        task = self._known[str(job.task)]
+        with _trace.span(task.name, job):
+            try:
+                if task.is_async:
+                    # A coroutine is cancelled at the task's timeout, for real.
+                    return asyncio.run(run_coroutine(task.run, job, task.timeout))
+                return task.run(job)
+            except BaseException as exc:
+                _reraise(task, exc, job)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        modules = sorted({t.fn.__module__ for t in self._known.values()})
+        return (_task_handler, (self.app.import_path(), modules, self.names))
+
+
+def _task_handler(app_path: str, modules: list[str], names: list[str]) -> TaskHandler:
+    """A TaskHandler rebuilt in a child process from what ``__reduce__`` sent."""
+    import importlib
+
+    from ._handlers import load_object
+
+    for module in modules:
+        importlib.import_module(module)
+    app = load_object(app_path, what="app")
+    if not isinstance(app, App):
+        raise ConfigError(f"{app_path} is a {type(app).__name__}, not a skiplock.App")
+    missing = [n for n in names if n not in app.tasks]
+    if missing:
+        raise ConfigError(f"the app {app_path} has no task(s) {', '.join(missing)} here")
+    return TaskHandler(app, names)
 
 
 def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:

@@ -843,12 +843,15 @@ class WorkerBase:
         ]
         return done, failed
 
-    def _timed_out(self, job: Job, timeout: float | None) -> Outcome:
-        """Count a handler past its timeout; returns the outcome to write for it."""
+    def _timed_out(self, job: Job, timeout: float | None, *, killed: bool = False) -> Outcome:
+        """Count a handler past its timeout; returns the outcome to write for it
+        (``killed``: its process was, by the process pool)."""
         self.stats.add(timed_out=1)
         self._emit("timed_out", job)
         with self._log_lock:
             self._timeouts.add(job.attempt)
+        if killed:
+            return Outcome("retry", f"killed after {timeout or 0.0:g}s (its timeout)")
         return Outcome("retry", f"timed out after {timeout or 0.0:g}s")
 
     def completed(self, items: Sequence[tuple[Job, Any]], res: FenceResult) -> None:

@@ -26,6 +26,7 @@ PUBLIC = {
     "Retry",
     "RetryPolicy",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "Task",
     "UnknownJob",
     "UnknownQueue",
