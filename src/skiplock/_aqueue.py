@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from . import _control, _migrate
+from . import _control, _migrate, _ops
 from ._base import (
     ConnectionSource,
     MakeOp,
@@ -71,9 +71,10 @@ async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
         while True:
             try:
                 rows = await _run_step(cur, step)
-            except psycopg.errors.UniqueViolation as exc:
+            except (psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound) as exc:
                 # The op may know what a duplicate means (an enqueue's retry whose lost
-                # attempt committed meanwhile); if not, it raises it again.
+                # attempt committed meanwhile), or a missing parent (enqueue_graph); if
+                # not, it raises it again.
                 step = op.throw(exc)
             else:
                 step = op.send(rows)
@@ -404,6 +405,8 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> int:
         """Add one job and return its id.
 
@@ -413,7 +416,30 @@ class AsyncQueue(QueueBase):
         connection's transaction and exists only if the caller commits.  ``task``
         names the function that runs it (``App.task`` sets it; workers of an App claim
         only the tasks they know) and ``meta`` travels with it (a trace context).
+
+        ``after``: ids of jobs this one waits for.  It is ``waiting`` (never claimed)
+        until every one of them has finished, and is released in the transaction
+        that finishes the last (docs/workflows.md).  When one of them fails or is
+        cancelled, this job is cancelled with its waiting descendants
+        (``on_parent_failure="cancel"``, the default), or runs all the same
+        (``"run"``).  ``parent_results`` reads their outcomes.
         """
+        if after is not None:
+            if idempotency_key is not None:
+                raise ValueError("after cannot be combined with an idempotency_key")
+            make_after = self._after_op(
+                [payload],
+                queue,
+                priority,
+                run_at,
+                max_attempts,
+                task,
+                meta,
+                after,
+                on_parent_failure,
+            )
+            ids = await self._execute(make_after, conn=conn, what="enqueue")
+            return int(ids[0])
         make = self._enqueue_op(
             payload,
             queue,
@@ -442,8 +468,29 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> list[int]:
-        """Add many jobs with one COPY; returns their ids in order."""
+        """Add many jobs with one COPY; returns their ids in order.
+
+        ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
+        waits for every job named (one statement, not a COPY).
+        """
+        if after is not None:
+            if idempotency_keys is not None:
+                raise ValueError("after cannot be combined with idempotency_keys")
+            make_after = self._after_op(
+                payloads,
+                queue,
+                priority,
+                run_at,
+                max_attempts,
+                task,
+                meta,
+                after,
+                on_parent_failure,
+            )
+            return list(await self._execute(make_after, conn=conn, what="enqueue_many"))
         make = self._enqueue_many_op(
             payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
         )
@@ -451,6 +498,24 @@ class AsyncQueue(QueueBase):
         # retry looks for them before sending (see _ops.Reserved).
         ids = await self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
+
+    async def _enqueue_graph(
+        self,
+        rows: Sequence[_ops.GraphRow],
+        edges: Sequence[_ops.Edge],
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[int]:
+        """Jobs and the edges between them, in one statement (the canvas's path)."""
+        make = self._graph_op(rows, edges)
+        return list(await self._execute(make, conn=conn, what="enqueue"))
+
+    async def parent_results(self, job_id: int) -> list[dict[str, Any]]:
+        """The jobs ``job_id`` waited for (its ``after``), in the order it named them:
+        one dict each with ``id``, ``status``, ``result`` (the handler's return value,
+        when the queue stores results) and ``last_error``.  A parent dropped by
+        retention has ``status`` None.  A child calls it with its own ``job.id``."""
+        return list(await self._execute(self._parents_op(job_id), what="parent_results"))
 
     # -- consumers -----------------------------------------------------------------------
 
