@@ -2,6 +2,7 @@
 
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
+from ._canvas import Signature, Workflow, chain, chord, group
 from ._config import RetryPolicy
 from ._control import QueueConfig
 from ._errors import (
@@ -44,10 +45,15 @@ __all__ = [
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "SkiplockError",
     "Task",
     "UnknownJob",
     "UnknownQueue",
     "Worker",
     "WorkerStats",
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
 ]

@@ -505,10 +505,20 @@ class AsyncQueue(QueueBase):
         edges: Sequence[_ops.Edge],
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        output: Any = None,
     ) -> list[int]:
         """Jobs and the edges between them, in one statement (the canvas's path)."""
-        make = self._graph_op(rows, edges)
+        make = self._graph_op(rows, edges, output)
         return list(await self._execute(make, conn=conn, what="enqueue"))
+
+    async def workflow(self, workflow_id: int) -> dict[str, Any] | None:
+        """A workflow (a canvas deferred by ``skiplock.chain``, ``group``, ``chord``):
+        ``id``, ``output`` (the job ids whose results make its result), ``created_at``
+        and ``steps``, each a dict with ``id``, ``task``, ``status``, ``attempts``,
+        ``max_attempts`` and ``last_error``, in the order written.  None: no such
+        workflow."""
+        got = await self._execute(self._workflow_op(workflow_id), what="workflow")
+        return cast(dict[str, Any] | None, got)
 
     async def parent_results(self, job_id: int) -> list[dict[str, Any]]:
         """The jobs ``job_id`` waited for (its ``after``), in the order it named them:

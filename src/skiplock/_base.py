@@ -402,14 +402,20 @@ class QueueBase:
             retry=after,
         )
 
-    def _graph_op(self, rows: Sequence[_ops.GraphRow], edges: Sequence[_ops.Edge]) -> MakeOp:
+    def _graph_op(
+        self, rows: Sequence[_ops.GraphRow], edges: Sequence[_ops.Edge], output: Any = None
+    ) -> MakeOp:
         """Jobs with dependencies (``_ops.enqueue_graph``); ids reserved once, kept for
         the retries."""
         self._spare_ids.clear()  # as for enqueue_many: ids follow the enqueues
         held = _ops.Reserved()
         return lambda after: _ops.enqueue_graph(
-            self._stmts, rows=rows, edges=edges, reserved=held, retry=after
+            self._stmts, rows=rows, edges=edges, reserved=held, retry=after, output=output
         )
+
+    def _workflow_op(self, workflow_id: int) -> MakeOp:
+        _check_job_id(workflow_id)
+        return lambda _after: _workflow(self._stmts, workflow_id)
 
     def _after_op(
         self,
@@ -759,6 +765,23 @@ def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:
 def _count_rows(query: Any, params: dict[str, Any]) -> Op[int]:
     rows = yield _ops.Execute(query, params)
     return int(rows[0]["n"])
+
+
+def _workflow(stmts: Statements, workflow_id: int) -> Op[dict[str, Any] | None]:
+    rows = yield _ops.Execute(stmts.workflow, {"id": workflow_id})
+    if not rows:
+        return None
+    steps = [
+        {k: r[k] for k in ("id", "task", "status", "attempts", "max_attempts", "last_error")}
+        for r in rows
+    ]
+    first = rows[0]
+    return {
+        "id": int(first["workflow"]),
+        "output": first["output"],
+        "created_at": first["created_at"],
+        "steps": steps,
+    }
 
 
 def _parents(stmts: Statements, job_id: int) -> Op[list[dict[str, Any]]]:

@@ -265,11 +265,14 @@ def enqueue_graph(
     edges: Sequence[Edge],
     reserved: Reserved,
     retry: bool = False,
+    output: Any = None,
 ) -> Op[list[int]]:
     """Insert ``rows`` and the ``edges`` between them in one statement (migration 0016's
     ``enqueue_graph``); returns the rows' ids in order.  Ids are reserved first, so
     that edges can name rows of the batch and a retry can look for them (``Reserved``):
-    the rows of one statement commit together, so the first is enough to look for."""
+    the rows of one statement commit together, so the first is enough to look for.
+    ``output``: a workflow's output, batch indices nested in lists; not None records
+    the batch as a workflow under its first id."""
     n = len(rows)
     if n == 0:
         return []
@@ -296,6 +299,7 @@ def enqueue_graph(
                     "children": [ids[e.child] for e in edges],
                     "positions": [e.pos for e in edges],
                     "cancels": [e.cancel for e in edges],
+                    "workflow": None if output is None else json.dumps(_ids_of(output, ids)),
                 },
             )
         except pgerrors.NoDataFound as exc:
@@ -311,6 +315,13 @@ def enqueue_graph(
             continue
         return ids
     raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+def _ids_of(shape: Any, ids: Sequence[int]) -> Any:
+    """A nested list of batch indices, with each index replaced by its job id."""
+    if isinstance(shape, int):
+        return ids[shape]
+    return [_ids_of(s, ids) for s in shape]
 
 
 def enqueue_one(

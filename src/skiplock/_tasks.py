@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import functools
 import inspect
 import sys
 import traceback
@@ -28,8 +29,9 @@ from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
 from ._base import _check_enqueue_options, check_task_name
+from ._canvas import Signature, Workflow, needs_parents, parent_arg, wait_workflow
 from ._config import RetryPolicy, validate_queue
-from ._errors import ConfigError, Fail, PayloadError, Retry
+from ._errors import ConfigError, Fail, PayloadError, Retry, UnknownJob
 from ._handlers import run_coroutine
 from ._job import Job
 from ._ops import encode_payload
@@ -174,12 +176,46 @@ class Task(Generic[R]):
 
     # -- producers -----------------------------------------------------------------------
 
-    def encode(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature for a canvas (``skiplock.chain``, ``group``, ``chord``): in a
+        chain, it takes the previous step's result as its first positional argument."""
+        return Signature(self, args, kwargs, immutable=False)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: in a chain, it waits for the previous step but
+        takes nothing from it."""
+        return Signature(self, args, kwargs, immutable=True)
+
+    def first_param(self) -> str:
+        """The parameter a previous step's result fills (``s`` in a chain): the first
+        one that may be given by position, the Job aside."""
+        for p in self._signature.parameters.values():
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                return p.name
+            break
+        raise TypeError(
+            f"{self.name}.s(): the task has no first positional parameter to take the "
+            f"previous step's result; use {self.name}.si(...)"
+        )
+
+    def encode(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], *, from_parent: bool = False
+    ) -> dict[str, Any]:
         """The job payload of a call: arguments by name, validated, JSON-ready.
 
         Raises TypeError for a call that does not bind to the function (a missing or
         misspelt argument) and PayloadError for a value JSON cannot carry.
+        ``from_parent``: the first positional parameter is left out, for a canvas
+        step whose previous step's result fills it when it runs.
         """
+        if from_parent:
+            first = self.first_param()
+            if first in kwargs:
+                raise TypeError(
+                    f"{self.name}.s(): {first!r} is given, but takes the previous "
+                    f"step's result; use {self.name}.si(...) to give it yourself"
+                )
+            args = (_FROM_PARENT, *args)
         if self._var_kw is None:
             # A misspelt name is the likeliest mistake: say so (and what was meant)
             # rather than report the argument it left missing.
@@ -198,6 +234,8 @@ class Task(Generic[R]):
             raise TypeError(f"{self.name}.defer(): {exc}") from None
         out: dict[str, Any] = {}
         for pname, value in bound.arguments.items():
+            if value is _FROM_PARENT:
+                continue
             if pname == self._var_kw:
                 out.update(value)
                 continue
@@ -222,6 +260,8 @@ class Task(Generic[R]):
         queue: str | None = None,
         max_attempts: int | None = None,
         conn: Any = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> Deferral:
         """Options for one deferral: ``task.configure(delay=60).defer(invoice_id=7)``.
 
@@ -229,6 +269,8 @@ class Task(Generic[R]):
         exclusive.  ``key`` is an idempotency key: a second deferral with the same key
         in the same queue returns the first job's id.  ``conn`` joins a psycopg
         connection's transaction (an ``AsyncConnection`` for ``defer_async``).
+        ``after``: ids of jobs the new job(s) wait for, ``on_parent_failure`` what a
+        failed one does to them (``Queue.enqueue``; docs/workflows.md).
         """
         if delay is not None and run_at is not None:
             raise ConfigError("give delay or run_at, not both")
@@ -249,6 +291,8 @@ class Task(Generic[R]):
             queue=self.queue if queue is None else queue,
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             conn=conn,
+            after=None if after is None else list(after),
+            on_parent_failure=on_parent_failure,
         )
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
@@ -272,12 +316,15 @@ class Task(Generic[R]):
 
     # -- workers -------------------------------------------------------------------------
 
-    def call_args(self, job: Job) -> dict[str, Any]:
-        """The keyword arguments of a job's call: decoded, converted, its Job added."""
+    def call_args(self, job: Job, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments of a job's call: decoded, converted, its Job added.
+        ``extra``: arguments from the parents of a canvas step."""
         payload = job.payload
         if not isinstance(payload, dict):
             raise Fail(f"task {self.name}: payload is not an object of arguments: {payload!r}")
         kwargs = dict(payload)
+        if extra:
+            kwargs.update(extra)
         for pname, adapter in self._adapters.items():
             if pname in kwargs:
                 kwargs[pname] = _validated(self.name, pname, adapter, kwargs[pname], to_json=False)
@@ -290,10 +337,10 @@ class Task(Generic[R]):
             raise Fail(f"task {self.name}: stored arguments no longer bind: {exc}") from None
         return kwargs
 
-    def run(self, job: Job) -> Any:
+    def run(self, job: Job, extra: Mapping[str, Any] | None = None) -> Any:
         """Run the job's call (a coroutine for an async task); used by the workers."""
         try:
-            kwargs = self.call_args(job)
+            kwargs = self.call_args(job, extra)
         except Fail:
             raise
         except Exception as exc:
@@ -307,6 +354,11 @@ class Task(Generic[R]):
             return exc
         text = "".join(traceback.format_exception(exc))
         return Retry(self.retry.delay(job.attempts), text)
+
+
+# Holds the place of the argument a canvas step takes from its parents, while the
+# other arguments are bound and checked at defer.
+_FROM_PARENT: Any = object()
 
 
 def _validated(task: str, pname: str, adapter: Any, value: Any, *, to_json: bool) -> Any:
@@ -332,6 +384,8 @@ class Deferral:
     queue: str
     max_attempts: int
     conn: Any
+    after: list[int] | None = None
+    on_parent_failure: str = "cancel"
 
     def _options(self, *, keyed: bool = True) -> dict[str, Any]:
         """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s)."""
@@ -344,8 +398,11 @@ class Deferral:
             "task": self.task.name,
             "meta": _trace.inject(),
         }
-        if keyed:
+        if keyed and self.key is not None:
             options["idempotency_key"] = self.key
+        if self.after is not None:
+            options["after"] = self.after
+            options["on_parent_failure"] = self.on_parent_failure
         return options
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
@@ -581,10 +638,20 @@ class App:
         """Create or upgrade the schema (idempotent)."""
         return self.queue.migrate()
 
-    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+    def wait(self, job_id: int | Workflow, timeout: float | None = None) -> Any:
         """The return value of the job's task; JobFailed / JobCancelled if it did not
-        succeed, TimeoutError after ``timeout`` seconds."""
-        return self.queue.wait(job_id, timeout=timeout)
+        succeed, TimeoutError after ``timeout`` seconds.
+
+        A workflow (the handle ``defer`` of a canvas returns, or its id): its result,
+        that of its last step, or the list of a group's results; JobFailed or
+        JobCancelled naming the step that failed."""
+        wid = job_id.id if isinstance(job_id, Workflow) else job_id
+        wf = self.queue.workflow(wid)
+        if wf is None:
+            if isinstance(job_id, Workflow):
+                raise UnknownJob(wid)
+            return self.queue.wait(wid, timeout=timeout)
+        return wait_workflow(self.queue, wf, timeout)
 
     async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
         return await (await self.async_queue()).wait(job_id, timeout=timeout)
@@ -646,18 +713,26 @@ class App:
         self._worker_options(served, options)
         known = {t.name: t for t in served}
 
+        q = using if using is not None else self.queue
+
         def handle(job: Job) -> Any:
             task = known[str(job.task)]
             with _trace.span(task.name, job):
                 try:
+                    extra: dict[str, Any] = {}
+                    if needs_parents(job.meta):  # a canvas step: its parents' results
+                        extra = parent_arg(job.meta, q.parent_results(job.id))
                     if task.is_async:
                         # A coroutine is cancelled at the task's timeout, for real.
-                        return asyncio.run(run_coroutine(task.run, job, task.timeout))
-                    return task.run(job)
+                        return asyncio.run(
+                            run_coroutine(
+                                functools.partial(task.run, extra=extra), job, task.timeout
+                            )
+                        )
+                    return task.run(job, extra)
                 except BaseException as exc:
                     _reraise(task, exc, job)
 
-        q = using if using is not None else self.queue
         return Worker(q, handle, queues=names, tasks=sorted(known), **options)
 
     def async_worker(self, *, queues: Sequence[str] | None = None, **options: Any) -> AsyncWorker:
@@ -674,10 +749,14 @@ class App:
             task = known[str(job.task)]
             with _trace.span(task.name, job):
                 try:
+                    extra: dict[str, Any] = {}
+                    if needs_parents(job.meta):  # a canvas step: its parents' results
+                        q = await self.async_queue()
+                        extra = parent_arg(job.meta, await q.parent_results(job.id))
                     # The worker cancels the attempt at the task's timeout (task_timeouts).
                     if task.is_async:
-                        return await task.run(job)
-                    return await asyncio.to_thread(task.run, job)
+                        return await task.run(job, extra)
+                    return await asyncio.to_thread(task.run, job, extra)
                 except BaseException as exc:
                     _reraise(task, exc, job)
 

@@ -508,6 +508,6 @@ def test_dependent_jobs_work_under_the_least_privilege_roles(
         roles.worker_dsn,
         sql.SQL(
             "SELECT {}.enqueue_graph('{{1}}', '{{q}}', '{{\"{{}}\"}}', '{{0}}', '{{NULL}}', "
-            "'{{1}}', '{{NULL}}', '{{NULL}}', '{{}}', '{{}}', '{{}}', '{{}}', 'c')"
+            "'{{1}}', '{{NULL}}', '{{NULL}}', '{{}}', '{{}}', '{{}}', '{{}}', NULL, 'c')"
         ).format(s),
     )

@@ -24,12 +24,18 @@ PUBLIC = {
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "SkiplockError",
     "Task",
     "UnknownJob",
     "UnknownQueue",
     "Worker",
     "WorkerStats",
+    # the canvas of tasks (docs/workflows.md)
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
 }
 
 

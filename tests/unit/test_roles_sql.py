@@ -32,6 +32,8 @@ PRODUCER = {
     "job_state",
     # jobs with `after` (migration 0016), a SECURITY DEFINER function
     "enqueue_graph",
+    # a workflow's output and steps: `wait` and `skiplock workflow`
+    "workflow",
 }
 WORKER = {
     "claim",

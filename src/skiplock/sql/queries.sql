@@ -355,7 +355,7 @@ SELECT {schema}.enqueue_graph(%(ids)s::bigint[], %(queues)s::text[], %(payloads)
                               %(max_attempts)s::integer[], %(tasks)s::text[],
                               %(metas)s::text[], %(parents)s::bigint[],
                               %(children)s::bigint[], %(positions)s::integer[],
-                              %(cancels)s::boolean[], {channel}) AS n;
+                              %(cancels)s::boolean[], %(workflow)s::text, {channel}) AS n;
 
 -- name: parents
 -- A job's parents (its `after`, in the order named) with their outcome.  LEFT JOIN: a
@@ -365,6 +365,17 @@ FROM {schema}.job_deps AS d
 LEFT JOIN {schema}.jobs AS p ON p.id = d.parent
 WHERE d.child = %(id)s
 ORDER BY d.pos;
+
+-- name: workflow
+-- A canvas's output and its steps, in the order written, with their state (NULL
+-- columns: a step dropped by retention).
+SELECT w.id AS workflow, w.output, w.created_at, s.id, j.task, j.status, j.attempts,
+       j.max_attempts, j.last_error
+FROM {schema}.workflows AS w
+CROSS JOIN LATERAL unnest(w.steps) WITH ORDINALITY AS s(id, n)
+LEFT JOIN {schema}.jobs AS j ON j.id = s.id
+WHERE w.id = %(id)s
+ORDER BY s.n;
 
 -- name: find_by_keys
 SELECT job_id AS id, queue, idempotency_key

@@ -57,8 +57,10 @@ GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};
 -- function: it inserts them 'waiting' and marks their parents, which a producer may
 -- not do itself.
 GRANT EXECUTE ON FUNCTION {schema}.enqueue_graph(bigint[], text[], text[], integer[],
-    timestamptz[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text)
-    TO {role};
+    timestamptz[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text,
+    text) TO {role};
+-- `wait` on a workflow reads its output and steps.
+GRANT SELECT ON {schema}.workflows TO {role};
 
 -- name: grant_worker
 -- Claim, heartbeat, complete, fail, retry, release, sweep: SELECT on jobs (a claim
@@ -85,6 +87,7 @@ GRANT EXECUTE ON FUNCTION {schema}.upkeep(bigint, float8, float8, integer) TO {r
 GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
 -- A child reads its parents' outcomes through their edges (migration 0016).
 GRANT SELECT ON {schema}.job_deps TO {role};
+GRANT SELECT ON {schema}.workflows TO {role};
 
 -- name: superusers
 -- Grants do not bind a superuser: refuse to call such a role least-privilege.

@@ -71,6 +71,17 @@ CREATE TABLE {schema}.job_deps (
 );
 CREATE INDEX job_deps_child_idx ON {schema}.job_deps (child, pos);
 
+-- A canvas (chain, group, chord of tasks): its steps in the order written, and its
+-- output, the ids whose results make its result (a job id, or a JSON list of them,
+-- nested as the canvas's groups are).  Its id is the id of its first job.  Retention
+-- drops it with the day of that job.
+CREATE TABLE {schema}.workflows (
+    id         bigint      PRIMARY KEY,
+    output     jsonb       NOT NULL,
+    steps      bigint[]    NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- A parent reached a final status: settle its edges (see the header).  Children are
 -- locked in id order, so that two parents' settlements never wait on each other in a
 -- cycle within one child set.  A cascade cancels every waiting descendant reached
@@ -201,7 +212,7 @@ CREATE FUNCTION {schema}.enqueue_graph(
     ids bigint[], queues text[], payloads text[], priorities integer[],
     run_ats timestamptz[], max_attempts integer[], tasks text[], metas text[],
     parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[],
-    channel text)
+    workflow text, channel text)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -264,6 +275,12 @@ BEGIN
     SELECT e.parent, e.child, e.pos, e.cancel
     FROM unnest(parents, children, positions, cancel_on_failure)
          AS e(parent, child, pos, cancel);
+
+    -- A canvas (docs/workflows.md) records itself under the id of its first job.
+    IF workflow IS NOT NULL THEN
+        INSERT INTO {schema}.workflows (id, output, steps)
+        VALUES (ids[1], workflow::jsonb, ids);
+    END IF;
 
     -- Parents that had finished: settled now, in id order, as their trigger would have.
     FOR i IN 1 .. cardinality(coalesce(found, '{{}}')) LOOP
@@ -535,6 +552,8 @@ BEGIN
         -- parents, so its day is the later one, and its edges go with it).
         EXECUTE format('DELETE FROM %I.job_deps AS d USING %s AS j WHERE d.child = j.id',
                        ns, p.rel);
+        EXECUTE format('DELETE FROM %I.workflows AS w USING %s AS j WHERE w.id = j.id',
+                       ns, p.rel);
         EXECUTE format('SELECT count(*) FROM %s', p.rel) INTO jobs;
         EXECUTE format('DROP TABLE %s', p.rel);
         day := p.d;
@@ -544,10 +563,10 @@ END
 $fn$;
 
 -- Roles: a producer enqueues dependent jobs through enqueue_graph, a worker reads a
--- job's parents through job_deps (roles.sql grants both to new roles; here, to the
+-- job's parents through job_deps, both read workflows (roles.sql grants both to new roles; here, to the
 -- roles that exist).
 REVOKE ALL ON FUNCTION {schema}.enqueue_graph(bigint[], text[], text[], integer[],
-    timestamptz[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text)
+    timestamptz[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text, text)
     FROM PUBLIC;
 DO $mig$
 DECLARE
@@ -559,9 +578,11 @@ BEGIN
         WHERE c.oid = format('%I.job_keys', {schema_name})::regclass
           AND a.grantee <> c.relowner AND a.grantee <> 0 AND a.privilege_type = 'INSERT'
     LOOP
+        EXECUTE format('GRANT SELECT ON %I.workflows TO %I', {schema_name},
+                       pg_get_userbyid(r.grantee));
         EXECUTE format('GRANT EXECUTE ON FUNCTION %I.enqueue_graph(bigint[], text[], text[], '
                        'integer[], timestamptz[], integer[], text[], text[], bigint[], '
-                       'bigint[], integer[], boolean[], text) TO %I',
+                       'bigint[], integer[], boolean[], text, text) TO %I',
                        {schema_name}, pg_get_userbyid(r.grantee));
     END LOOP;
     FOR r IN
@@ -571,6 +592,8 @@ BEGIN
           AND a.grantee <> c.relowner AND a.grantee <> 0 AND a.privilege_type = 'DELETE'
     LOOP
         EXECUTE format('GRANT SELECT ON %I.job_deps TO %I', {schema_name},
+                       pg_get_userbyid(r.grantee));
+        EXECUTE format('GRANT SELECT ON %I.workflows TO %I', {schema_name},
                        pg_get_userbyid(r.grantee));
     END LOOP;
 END
