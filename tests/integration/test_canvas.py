@@ -5,6 +5,7 @@ transaction leaves nothing) and for its round trips (two, whatever the size)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -173,3 +174,30 @@ def test_defer_and_defer_many_take_after(app: App) -> None:
     assert states() == ["pending"] * 4
     with pytest.raises(ValueError, match="idempotency_key"):
         add.configure(after=[parent], key="k").defer(1, 1)
+
+
+def test_async_defer_and_the_async_worker_pass_results(app: App) -> None:
+    """defer_async writes through the AsyncQueue; the AsyncWorker fills a step's
+    argument from its parents, for a sync task (in a thread) and an async one."""
+
+    @app.task(name="amul")
+    async def amul(x: int, y: int) -> int:
+        return x * y
+
+    add, tsum = t(app, "add"), t(app, "tsum")
+
+    async def main() -> Any:
+        w = app.async_worker(concurrency=4, poll_interval=0.05)
+        runner = asyncio.create_task(w.run())
+        try:
+            wf = await chord(group(add.s(1, 1), amul.s(2, 3)), tsum.s()).defer_async()
+            second = await chain(add.s(2, 2), amul.s(10)).defer_async()
+            return await asyncio.to_thread(
+                lambda: (app.wait(wf, timeout=30), app.wait(second, timeout=30))
+            )
+        finally:
+            w.stop()
+            await runner
+            await app.aclose()
+
+    assert asyncio.run(main()) == (8, 40)
