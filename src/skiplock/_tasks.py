@@ -646,7 +646,14 @@ class App:
         that of its last step, or the list of a group's results; JobFailed or
         JobCancelled naming the step that failed."""
         wid = job_id.id if isinstance(job_id, Workflow) else job_id
-        wf = self.queue.workflow(wid)
+        try:
+            wf = self.queue.workflow(wid)
+        except ConfigError:
+            # A schema before migration 16 (a rolling deploy) has no workflows, or a
+            # role without the grant reads none: a plain id is a job's.
+            if isinstance(job_id, Workflow):
+                raise
+            wf = None
         if wf is None:
             if isinstance(job_id, Workflow):
                 raise UnknownJob(wid)
