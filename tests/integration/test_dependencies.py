@@ -363,3 +363,32 @@ def test_concurrent_workers_run_diamonds_each_step_once(
     assert ran == Counter({i: 1 for i in everything})
     tops = set(everything[0::4])
     assert _releases(admin, schema) == Counter({i: 1 for i in everything if i not in tops})
+
+
+def test_every_partition_has_the_trigger_including_one_added_later(
+    queue: Queue, admin: psycopg.Connection[Any], schema: str
+) -> None:
+    """PostgreSQL clones a partitioned table's row trigger to each partition, and to a
+    partition attached later (upkeep's add_partition: CREATE TABLE ... LIKE, ATTACH)."""
+    s = sql.Identifier(schema)
+    admin.execute(sql.SQL("SELECT {}.add_partition('jobs_g9', 9)").format(s))
+    rows = admin.execute(
+        "SELECT c.relname FROM pg_trigger AS t JOIN pg_class AS c ON c.oid = t.tgrelid "
+        "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE t.tgname = 'jobs_settle' AND n.nspname = %s ORDER BY 1",
+        (schema,),
+    ).fetchall()
+    assert [r[0] for r in rows] == ["jobs", "jobs_g1", "jobs_g2", "jobs_g3", "jobs_g9"]
+    # A parent in the added partition releases its child.
+    admin.execute(sql.SQL("INSERT INTO {}.generations (part) VALUES (9)").format(s))
+    admin.execute(
+        sql.SQL("SELECT setval(format('%%I.jobs_gen', %s::text)::regclass, 9)").format(),
+        (schema,),
+    )
+    parent = queue.enqueue({})
+    child = queue.enqueue({}, after=[parent])
+    part = admin.execute(sql.SQL("SELECT part FROM {}.jobs WHERE id = %s").format(s), (parent,))
+    assert part.fetchone() == (9,)
+    [job] = queue.claim(worker="w", limit=10)
+    queue.complete(job, None)
+    assert _state(admin, schema, child) == ("pending", 0)
