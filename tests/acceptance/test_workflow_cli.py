@@ -46,4 +46,8 @@ def test_workflow_shows_each_step_and_its_state(dsn: str, schema: str) -> None:
     )
     assert [s["status"] for s in as_json["steps"]] == ["done", "failed", "cancelled"]
     missing = cli("workflow", "987654", "--dsn", dsn, "--schema", schema)
-    assert missing.returncode == 2 and missing.stderr.strip().endswith("no job with id 987654")
+    not_one = cli("workflow", str(second), "--dsn", dsn, "--schema", schema)
+    assert not_one.returncode == 2 and f"no workflow with id {second}" in not_one.stderr
+    assert missing.returncode == 2 and missing.stderr.strip().endswith(
+        "no workflow with id 987654 (a workflow's id is its first job's)"
+    )

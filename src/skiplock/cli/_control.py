@@ -192,7 +192,9 @@ def workflow(workflow_id: int, dsn: str | None, schema: str, as_json: bool) -> N
     with _queue(dsn, schema, min_size=1, max_size=1) as q:
         wf = q.workflow(workflow_id)
     if wf is None:
-        raise UnknownJob(workflow_id)
+        err = UnknownJob(workflow_id)
+        err.args = (f"no workflow with id {workflow_id} (a workflow's id is its first job's)",)
+        raise err
     if as_json:
         echo_json(wf)
         return
