@@ -1,6 +1,6 @@
 """Migration 0009: jobs in rotating generations, finished jobs by day.
 
-What these tests hold the design to (docs/architecture.md, "Storage, second round"):
+What these tests hold the design to (docs/architecture.md, "Storage"):
 a held xmin leaves no garbage behind once a generation is truncated; rotations, moves
 and truncations during a busy drain lose nothing and hand no job out twice; a write by
 id that races a move finds the job in its new place; and the migration keeps every job

@@ -75,6 +75,8 @@ TOOL_MODULES = {
         "server_dsn",
     },
     "skiplock.sqlfiles": {"Statements", "load_named", "parse_named", "statements"},
+    "skiplock.schema": {"latest_migration", "schema_version", "validate_schema"},
+    "skiplock.results": {"DEFAULT_MAX_RESULT_BYTES", "Encoded", "encode_result"},
     "skiplock.cli": {"main"},
     "skiplock.cli.common": {
         "dsn_option",
