@@ -2,6 +2,7 @@
 
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
+from ._canvas import Signature, Workflow, chain, chord, group
 from ._config import RetryPolicy
 from ._control import QueueConfig
 from ._errors import (
@@ -47,6 +48,7 @@ __all__ = [
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "SkiplockError",
     "SoftTimeLimitExceeded",
     "Task",
@@ -54,4 +56,8 @@ __all__ = [
     "UnknownQueue",
     "Worker",
     "WorkerStats",
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
 ]

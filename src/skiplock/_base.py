@@ -436,6 +436,61 @@ class QueueBase:
             on_conflict=on_conflict,
         )
 
+    def _graph_op(
+        self, rows: Sequence[_ops.GraphRow], edges: Sequence[_ops.Edge], output: Any = None
+    ) -> MakeOp:
+        """Jobs with dependencies (``_ops.enqueue_graph``); ids reserved once, kept for
+        the retries."""
+        self._spare_ids.clear()  # as for enqueue_many: ids follow the enqueues
+        held = _ops.Reserved()
+        return lambda after: _ops.enqueue_graph(
+            self._stmts, rows=rows, edges=edges, reserved=held, retry=after, output=output
+        )
+
+    def _workflow_op(self, workflow_id: int) -> MakeOp:
+        _check_job_id(workflow_id)
+        return lambda _after: _workflow(self._stmts, workflow_id)
+
+    def _after_op(
+        self,
+        payloads: Sequence[Any],
+        queue: str,
+        priority: int,
+        run_at: datetime | None,
+        max_attempts: int,
+        task: str | None,
+        meta: Mapping[str, Any] | None,
+        after: Sequence[int],
+        on_parent_failure: str,
+    ) -> MakeOp:
+        """Every job of ``payloads`` waits for every job of ``after``."""
+        _check_enqueue_options(queue, priority, run_at, max_attempts)
+        parents = check_after(after)
+        cancel = check_on_parent_failure(on_parent_failure)
+        meta_text = _meta_text(task, meta)
+        limit = self.settings.max_payload_bytes
+        rows = []
+        for n, p in enumerate(payloads):
+            try:
+                text = _ops.encode_payload(p, limit)
+            except PayloadError as exc:
+                raise PayloadError(
+                    f"payload #{n}: {exc}" if len(payloads) > 1 else str(exc)
+                ) from None
+            rows.append(
+                _ops.GraphRow(queue, text, int(priority), run_at, max_attempts, task, meta_text)
+            )
+        edges = [
+            _ops.Edge(parent, child, pos, cancel)
+            for child in range(len(rows))
+            for pos, parent in enumerate(parents)
+        ]
+        return self._graph_op(rows, edges)
+
+    def _parents_op(self, job_id: int) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _parents(self._stmts, job_id)
+
     def _claim_op(
         self,
         worker: str,
@@ -677,6 +732,27 @@ def check_unique(unique_for: float | timedelta | None, on_conflict: str) -> floa
     return seconds
 
 
+def check_after(after: Sequence[int]) -> list[int]:
+    """The ids of ``after=``: job ids, each named once."""
+    if isinstance(after, str | bytes) or not isinstance(after, Sequence):
+        raise ValueError(f"after must be a sequence of job ids, not {after!r:.40}")
+    out: list[int] = []
+    for p in after:
+        if type(p) is not int or p < 1:
+            raise ValueError(f"after must hold job ids (positive integers), not {p!r:.40}")
+        if p in out:
+            raise ValueError(f"after names job {p} twice")
+        out.append(p)
+    return out
+
+
+def check_on_parent_failure(value: str) -> bool:
+    """True: a failed or cancelled parent cancels the child ("cancel"); "run": it runs."""
+    if value not in ("cancel", "run"):
+        raise ValueError(f'on_parent_failure must be "cancel" or "run", not {value!r:.40}')
+    return value == "cancel"
+
+
 def _check_enqueue_options(
     queue: str, priority: int, run_at: datetime | None, max_attempts: int
 ) -> None:
@@ -748,6 +824,28 @@ def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:
 def _count_rows(query: Any, params: dict[str, Any]) -> Op[int]:
     rows = yield _ops.Execute(query, params)
     return int(rows[0]["n"])
+
+
+def _workflow(stmts: Statements, workflow_id: int) -> Op[dict[str, Any] | None]:
+    rows = yield _ops.Execute(stmts.workflow, {"id": workflow_id})
+    if not rows:
+        return None
+    steps = [
+        {k: r[k] for k in ("id", "task", "status", "attempts", "max_attempts", "last_error")}
+        for r in rows
+    ]
+    first = rows[0]
+    return {
+        "id": int(first["workflow"]),
+        "output": first["output"],
+        "created_at": first["created_at"],
+        "steps": steps,
+    }
+
+
+def _parents(stmts: Statements, job_id: int) -> Op[list[dict[str, Any]]]:
+    rows = yield _ops.Execute(stmts.parents, {"id": job_id})
+    return [dict(r) for r in rows]
 
 
 def _get(stmts: Statements, job_id: int) -> Op[Job | None]:

@@ -43,7 +43,7 @@ __all__ = [
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 FINAL = frozenset({"done", "failed", "cancelled"})
-STATUSES = frozenset({"pending", "running", *FINAL})
+STATUSES = frozenset({"pending", "running", "waiting", *FINAL})
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +117,10 @@ def cancel(stmts: Statements, job_id: int) -> Op[str]:
         rows = yield Execute(stmts.job_state, {"id": job_id})
         if not rows:
             raise UnknownJob(job_id)
-        if rows[0]["status"] not in ("pending", "running"):
+        if rows[0]["status"] not in ("pending", "running", "waiting"):
             break
     raise JobStateError(
-        f"job {job_id} is already {rows[0]['status']}; only pending or running jobs "
+        f"job {job_id} is already {rows[0]['status']}; only pending, waiting or running jobs "
         "can be cancelled"
     )
 

@@ -102,7 +102,10 @@ class JobStateError(SkiplockError):
 
 
 class JobFailed(SkiplockError):
-    """``wait`` found the job ended ``failed``; ``error`` is its last error."""
+    """``wait`` found the job ended ``failed``; ``error`` is its last error.  Waiting
+    on a workflow, ``job_id`` is the step that failed and ``workflow_id`` is set."""
+
+    workflow_id: int | None = None
 
     def __init__(self, job_id: int, error: str | None) -> None:
         self.job_id = job_id
@@ -112,7 +115,9 @@ class JobFailed(SkiplockError):
 
 
 class JobCancelled(SkiplockError):
-    """``wait`` found the job ended ``cancelled``."""
+    """``wait`` found the job ended ``cancelled`` (a workflow's step: ``workflow_id``)."""
+
+    workflow_id: int | None = None
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id

@@ -20,13 +20,14 @@ from typing import Any, TypeVar, cast
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from ._errors import PayloadError, SkiplockError
+from ._errors import PayloadError, SkiplockError, UnknownJob
 from ._job import ClaimedRow, Job, claimed_rows
 from ._sql import Statements
 
 __all__ = [
     "ClaimPosition",
     "Copy",
+    "Edge",
     "Execute",
     "FenceResult",
     "Op",
@@ -34,6 +35,7 @@ __all__ = [
     "claim",
     "encode_payload",
     "enqueue",
+    "enqueue_graph",
     "enqueue_keyed",
     "enqueue_many",
     "fenced",
@@ -279,6 +281,98 @@ def enqueue_many(
             held.ids = None
             continue
     raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRow:
+    """One job of ``enqueue_graph``, its payload and meta already encoded."""
+
+    queue: str
+    payload: str
+    priority: int
+    run_at: datetime | None
+    max_attempts: int
+    task: str | None = None
+    meta: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """``child`` (an index into the batch) waits for ``parent``: another index into the
+    batch when ``local``, else the id of a job that exists.  ``pos``: the parent's place
+    among the child's parents.  ``cancel``: the parent's failure cancels the child."""
+
+    parent: int
+    child: int
+    pos: int
+    cancel: bool = True
+    local: bool = False
+
+
+def enqueue_graph(
+    stmts: Statements,
+    *,
+    rows: Sequence[GraphRow],
+    edges: Sequence[Edge],
+    reserved: Reserved,
+    retry: bool = False,
+    output: Any = None,
+) -> Op[list[int]]:
+    """Insert ``rows`` and the ``edges`` between them in one statement (migration 0016's
+    ``enqueue_graph``); returns the rows' ids in order.  Ids are reserved first, so
+    that edges can name rows of the batch and a retry can look for them (``Reserved``):
+    the rows of one statement commit together, so the first is enough to look for.
+    ``output``: a workflow's output, batch indices nested in lists; not None records
+    the batch as a workflow under its first id."""
+    n = len(rows)
+    if n == 0:
+        return []
+    for _ in range(3):
+        if reserved.ids is None:
+            got = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
+            reserved.ids = [int(r["nextval"]) for r in got]
+        elif retry and (yield from _present(stmts, reserved.ids[:1], rows[0].queue)):
+            return reserved.ids
+        ids = reserved.ids
+        try:
+            yield Execute(
+                stmts.enqueue_graph,
+                {
+                    "ids": ids,
+                    "queues": [r.queue for r in rows],
+                    "payloads": [r.payload for r in rows],
+                    "priorities": [r.priority for r in rows],
+                    "run_ats": [r.run_at for r in rows],
+                    "max_attempts": [r.max_attempts for r in rows],
+                    "tasks": [r.task for r in rows],
+                    "metas": [r.meta for r in rows],
+                    "parents": [ids[e.parent] if e.local else e.parent for e in edges],
+                    "children": [ids[e.child] for e in edges],
+                    "positions": [e.pos for e in edges],
+                    "cancels": [e.cancel for e in edges],
+                    "workflow": None if output is None else json.dumps(_ids_of(output, ids)),
+                },
+            )
+        except pgerrors.NoDataFound as exc:
+            # The function names the first parent it could not find.
+            missing = re.search(r"no job (\d+)", str(exc.diag.message_primary or ""))
+            raise UnknownJob(int(missing[1]) if missing else 0) from None
+        except pgerrors.UniqueViolation as exc:
+            if not _is_id_collision(exc):
+                raise
+            if (yield from _taken(stmts, ids[:1], rows[0].queue, retry)):
+                return ids
+            reserved.ids = None
+            continue
+        return ids
+    raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+def _ids_of(shape: Any, ids: Sequence[int]) -> Any:
+    """A nested list of batch indices, with each index replaced by its job id."""
+    if isinstance(shape, int):
+        return ids[shape]
+    return [_ids_of(s, ids) for s in shape]
 
 
 def enqueue_one(

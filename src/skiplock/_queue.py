@@ -21,7 +21,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from . import _control, _migrate
+from . import _control, _migrate, _ops
 from ._base import (
     ConnectionSource,
     MakeOp,
@@ -65,7 +65,7 @@ def run_op(conn: psycopg.Connection[Any], op: Op[T]) -> T:
         while True:
             try:
                 rows = _run_step(cur, step)
-            except psycopg.errors.UniqueViolation as exc:
+            except (psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound) as exc:
                 step = op.throw(exc)
             else:
                 step = op.send(rows)
@@ -371,6 +371,8 @@ class Queue(QueueBase):
         meta: Mapping[str, Any] | None = None,
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> int:
         """Add one job and return its id.
 
@@ -385,7 +387,30 @@ class Queue(QueueBase):
         exists only if the caller commits.  ``task`` names the function that runs it
         (``App.task`` sets it; workers of an App claim only the tasks they know) and
         ``meta`` travels with it (a trace context).
+
+        ``after``: ids of jobs this one waits for.  It is ``waiting`` (never claimed)
+        until every one of them has finished, and is released in the transaction
+        that finishes the last (docs/workflows.md).  When one of them fails or is
+        cancelled, this job is cancelled with its waiting descendants
+        (``on_parent_failure="cancel"``, the default), or runs all the same
+        (``"run"``).  ``parent_results`` reads their outcomes.
         """
+        if after is not None:
+            if idempotency_key is not None:
+                raise ValueError("after cannot be combined with an idempotency_key")
+            make_after = self._after_op(
+                [payload],
+                queue,
+                priority,
+                run_at,
+                max_attempts,
+                task,
+                meta,
+                after,
+                on_parent_failure,
+            )
+            ids = self._execute(make_after, conn=conn, what="enqueue")
+            return int(ids[0])
         make = self._enqueue_op(
             payload,
             queue,
@@ -416,13 +441,32 @@ class Queue(QueueBase):
         meta: Mapping[str, Any] | None = None,
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order.
 
         With ``idempotency_keys`` (one per payload, None for none) each keyed job is
         deduplicated as ``enqueue`` does, against the jobs there and against the
         earlier rows of the batch; a conflict that raises enqueues none of them.
+        ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
+        waits for every job named (one statement, not a COPY).
         """
+        if after is not None:
+            if idempotency_keys is not None:
+                raise ValueError("after cannot be combined with idempotency_keys")
+            make_after = self._after_op(
+                payloads,
+                queue,
+                priority,
+                run_at,
+                max_attempts,
+                task,
+                meta,
+                after,
+                on_parent_failure,
+            )
+            return list(self._execute(make_after, conn=conn, what="enqueue_many"))
         make = self._enqueue_many_op(
             payloads,
             queue,
@@ -437,6 +481,34 @@ class Queue(QueueBase):
         )
         ids = self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
+
+    def _enqueue_graph(
+        self,
+        rows: Sequence[_ops.GraphRow],
+        edges: Sequence[_ops.Edge],
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        output: Any = None,
+    ) -> list[int]:
+        """Jobs and the edges between them, in one statement (the canvas's path)."""
+        make = self._graph_op(rows, edges, output)
+        return list(self._execute(make, conn=conn, what="enqueue"))
+
+    def workflow(self, workflow_id: int) -> dict[str, Any] | None:
+        """A workflow (a canvas deferred by ``skiplock.chain``, ``group``, ``chord``):
+        ``id``, ``output`` (the job ids whose results make its result), ``created_at``
+        and ``steps``, each a dict with ``id``, ``task``, ``status``, ``attempts``,
+        ``max_attempts`` and ``last_error``, in the order written.  None: no such
+        workflow."""
+        got = self._execute(self._workflow_op(workflow_id), what="workflow")
+        return cast(dict[str, Any] | None, got)
+
+    def parent_results(self, job_id: int) -> list[dict[str, Any]]:
+        """The jobs ``job_id`` waited for (its ``after``), in the order it named them:
+        one dict each with ``id``, ``status``, ``result`` (the handler's return value,
+        when the queue stores results) and ``last_error``.  A parent dropped by
+        retention has ``status`` None.  A child calls it with its own ``job.id``."""
+        return list(self._execute(self._parents_op(job_id), what="parent_results"))
 
     def claim(
         self,

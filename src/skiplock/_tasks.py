@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import functools
 import inspect
 import sys
+import threading
 import traceback
 import types
 import typing
@@ -28,8 +30,9 @@ from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
 from ._base import _check_enqueue_options, check_task_name, check_unique
+from ._canvas import Signature, Workflow, needs_parents, parent_arg, wait_workflow
 from ._config import RetryPolicy, validate_queue
-from ._errors import ConfigError, Fail, PayloadError, Retry
+from ._errors import ConfigError, Fail, PayloadError, Retry, UnknownJob
 from ._handlers import run_coroutine
 from ._job import Job
 from ._ops import encode_payload
@@ -186,12 +189,46 @@ class Task(Generic[R]):
 
     # -- producers -----------------------------------------------------------------------
 
-    def encode(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature for a canvas (``skiplock.chain``, ``group``, ``chord``): in a
+        chain, it takes the previous step's result as its first positional argument."""
+        return Signature(self, args, kwargs, immutable=False)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: in a chain, it waits for the previous step but
+        takes nothing from it."""
+        return Signature(self, args, kwargs, immutable=True)
+
+    def first_param(self) -> str:
+        """The parameter a previous step's result fills (``s`` in a chain): the first
+        one that may be given by position, the Job aside."""
+        for p in self._signature.parameters.values():
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                return p.name
+            break
+        raise TypeError(
+            f"{self.name}.s(): the task has no first positional parameter to take the "
+            f"previous step's result; use {self.name}.si(...)"
+        )
+
+    def encode(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], *, from_parent: bool = False
+    ) -> dict[str, Any]:
         """The job payload of a call: arguments by name, validated, JSON-ready.
 
         Raises TypeError for a call that does not bind to the function (a missing or
         misspelt argument) and PayloadError for a value JSON cannot carry.
+        ``from_parent``: the first positional parameter is left out, for a canvas
+        step whose previous step's result fills it when it runs.
         """
+        if from_parent:
+            first = self.first_param()
+            if first in kwargs:
+                raise TypeError(
+                    f"{self.name}.s(): {first!r} is given, but takes the previous "
+                    f"step's result; use {self.name}.si(...) to give it yourself"
+                )
+            args = (_FROM_PARENT, *args)
         if self._var_kw is None:
             # A misspelt name is the likeliest mistake: say so (and what was meant)
             # rather than report the argument it left missing.
@@ -210,6 +247,8 @@ class Task(Generic[R]):
             raise TypeError(f"{self.name}.defer(): {exc}") from None
         out: dict[str, Any] = {}
         for pname, value in bound.arguments.items():
+            if value is _FROM_PARENT:
+                continue
             if pname == self._var_kw:
                 out.update(value)
                 continue
@@ -250,6 +289,8 @@ class Task(Generic[R]):
         conn: Any = None,
         unique_for: float | timedelta | None = None,
         on_conflict: str | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> Deferral:
         """Options for one deferral: ``task.configure(delay=60).defer(invoice_id=7)``.
 
@@ -260,6 +301,8 @@ class Task(Generic[R]):
         ``unique_for`` and ``on_conflict`` (default: the task's) say how long the key
         holds and what a conflict gets (docs/tasks.md, "Unique jobs").  ``conn`` joins
         a psycopg connection's transaction (an ``AsyncConnection`` for ``defer_async``).
+        ``after``: ids of jobs the new job(s) wait for, ``on_parent_failure`` what a
+        failed one does to them (``Queue.enqueue``; docs/workflows.md).
         """
         if delay is not None and run_at is not None:
             raise ConfigError("give delay or run_at, not both")
@@ -286,6 +329,8 @@ class Task(Generic[R]):
             conn=conn,
             unique_for=self.unique_for if unique_for is None else unique_for,
             on_conflict=self.on_conflict if on_conflict is None else on_conflict,
+            after=None if after is None else list(after),
+            on_parent_failure=on_parent_failure,
         )
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
@@ -309,12 +354,15 @@ class Task(Generic[R]):
 
     # -- workers -------------------------------------------------------------------------
 
-    def call_args(self, job: Job) -> dict[str, Any]:
-        """The keyword arguments of a job's call: decoded, converted, its Job added."""
+    def call_args(self, job: Job, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments of a job's call: decoded, converted, its Job added.
+        ``extra``: arguments from the parents of a canvas step."""
         payload = job.payload
         if not isinstance(payload, dict):
             raise Fail(f"task {self.name}: payload is not an object of arguments: {payload!r}")
         kwargs = dict(payload)
+        if extra:
+            kwargs.update(extra)
         for pname, adapter in self._adapters.items():
             if pname in kwargs:
                 kwargs[pname] = _validated(self.name, pname, adapter, kwargs[pname], to_json=False)
@@ -327,10 +375,10 @@ class Task(Generic[R]):
             raise Fail(f"task {self.name}: stored arguments no longer bind: {exc}") from None
         return kwargs
 
-    def run(self, job: Job) -> Any:
+    def run(self, job: Job, extra: Mapping[str, Any] | None = None) -> Any:
         """Run the job's call (a coroutine for an async task); used by the workers."""
         try:
-            kwargs = self.call_args(job)
+            kwargs = self.call_args(job, extra)
         except Fail:
             raise
         except Exception as exc:
@@ -368,6 +416,11 @@ class Task(Generic[R]):
         return Retry(self.retry.delay(job.attempts), text)
 
 
+# Holds the place of the argument a canvas step takes from its parents, while the
+# other arguments are bound and checked at defer.
+_FROM_PARENT: Any = object()
+
+
 def _validated(task: str, pname: str, adapter: Any, value: Any, *, to_json: bool) -> Any:
     try:
         converted = adapter.validate_python(value)
@@ -393,6 +446,8 @@ class Deferral:
     conn: Any
     unique_for: float | timedelta | None = None
     on_conflict: str = "return"
+    after: list[int] | None = None
+    on_parent_failure: str = "cancel"
 
     def _options(self) -> dict[str, Any]:
         """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s) and
@@ -412,6 +467,9 @@ class Deferral:
             options["unique_for"] = self.unique_for
         if self.on_conflict != "return":
             options["on_conflict"] = self.on_conflict
+        if self.after is not None:
+            options["after"] = self.after
+            options["on_parent_failure"] = self.on_parent_failure
         return options
 
     def _one(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -710,10 +768,27 @@ class App:
         """Create or upgrade the schema (idempotent)."""
         return self.queue.migrate()
 
-    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+    def wait(self, job_id: int | Workflow, timeout: float | None = None) -> Any:
         """The return value of the job's task; JobFailed / JobCancelled if it did not
-        succeed, TimeoutError after ``timeout`` seconds."""
-        return self.queue.wait(job_id, timeout=timeout)
+        succeed, TimeoutError after ``timeout`` seconds.
+
+        A workflow (the handle ``defer`` of a canvas returns, or its id): its result,
+        that of its last step, or the list of a group's results; JobFailed or
+        JobCancelled naming the step that failed."""
+        wid = job_id.id if isinstance(job_id, Workflow) else job_id
+        try:
+            wf = self.queue.workflow(wid)
+        except ConfigError:
+            # A schema before migration 16 (a rolling deploy) has no workflows, or a
+            # role without the grant reads none: a plain id is a job's.
+            if isinstance(job_id, Workflow):
+                raise
+            wf = None
+        if wf is None:
+            if isinstance(job_id, Workflow):
+                raise UnknownJob(wid)
+            return self.queue.wait(wid, timeout=timeout)
+        return wait_workflow(self.queue, wf, timeout)
 
     async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
         return await (await self.async_queue()).wait(job_id, timeout=timeout)
@@ -779,8 +854,10 @@ class App:
         self._worker_options(served, options)
         # An event loop cannot interrupt a task either: soft limits are the process pool's.
         options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
-        handle = TaskHandler(self, sorted(t.name for t in served))
         q = using if using is not None else self.queue
+        handle = TaskHandler(
+            self, sorted(t.name for t in served), q.settings.dsn, q.schema, results=q
+        )
         return Worker(q, handle, queues=names, tasks=handle.names, **options)
 
     def import_path(self) -> str:
@@ -814,10 +891,14 @@ class App:
             task = known[str(job.task)]
             with _trace.span(task.name, job):
                 try:
+                    extra: dict[str, Any] = {}
+                    if needs_parents(job.meta):  # a canvas step: its parents' results
+                        q = await self.async_queue()
+                        extra = parent_arg(job.meta, await q.parent_results(job.id))
                     # The worker cancels the attempt at the task's timeout (task_timeouts).
                     if task.is_async:
-                        return await task.run(job)
-                    return await asyncio.to_thread(task.run, job)
+                        return await task.run(job, extra)
+                    return await asyncio.to_thread(task.run, job, extra)
                 except BaseException as exc:
                     _reraise(task, exc, job)
 
@@ -856,28 +937,63 @@ class TaskHandler:
     (``_task_handler``), which imports the same code the worker did.
     """
 
-    def __init__(self, app: App, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        app: App,
+        names: Sequence[str],
+        dsn: str,
+        schema: str,
+        results: Queue | None = None,
+    ) -> None:
         self.app = app
         self.names = list(names)
         self._known = {name: app.tasks[name] for name in names}
+        # Where a canvas step reads its parents' results: the worker's Queue in its own
+        # process; a process pool's child reaches the same database with a connection
+        # of its own, opened once a step needs it.
+        self._dsn, self._schema = dsn, schema
+        self._results = results
+        self._own = False
+        self._lock = threading.Lock()
+
+    def _parent_results(self, job: Job) -> list[Any]:
+        with self._lock:
+            if self._results is None:
+                self._results = Queue(self._dsn, schema=self._schema, max_size=2)
+                self._own = True
+            q = self._results
+        return q.parent_results(job.id)
 
     def __call__(self, job: Job) -> Any:
         task = self._known[str(job.task)]
         with _trace.span(task.name, job):
             try:
+                extra: dict[str, Any] = {}
+                if needs_parents(job.meta):  # a canvas step: its parents' results
+                    extra = parent_arg(job.meta, self._parent_results(job))
                 if task.is_async:
                     # A coroutine is cancelled at the task's timeout, for real.
-                    return asyncio.run(run_coroutine(task.run, job, task.timeout))
-                return task.run(job)
+                    return asyncio.run(
+                        run_coroutine(functools.partial(task.run, extra=extra), job, task.timeout)
+                    )
+                return task.run(job, extra)
             except BaseException as exc:
                 _reraise(task, exc, job)
 
+    def close(self) -> None:
+        if self._own and self._results is not None:
+            self._results.close()
+            self._results = None
+
     def __reduce__(self) -> tuple[Any, ...]:
         modules = sorted({t.fn.__module__ for t in self._known.values()})
-        return (_task_handler, (self.app.import_path(), modules, self.names))
+        args = (self.app.import_path(), modules, self.names, self._dsn, self._schema)
+        return (_task_handler, args)
 
 
-def _task_handler(app_path: str, modules: list[str], names: list[str]) -> TaskHandler:
+def _task_handler(
+    app_path: str, modules: list[str], names: list[str], dsn: str, schema: str
+) -> TaskHandler:
     """A TaskHandler rebuilt in a child process from what ``__reduce__`` sent."""
     import importlib
 
@@ -891,7 +1007,7 @@ def _task_handler(app_path: str, modules: list[str], names: list[str]) -> TaskHa
     missing = [n for n in names if n not in app.tasks]
     if missing:
         raise ConfigError(f"the app {app_path} has no task(s) {', '.join(missing)} here")
-    return TaskHandler(app, names)
+    return TaskHandler(app, names, dsn, schema)
 
 
 def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:

@@ -488,3 +488,31 @@ def test_cli_print_sql_needs_no_server_and_shows_no_password() -> None:
         roles_script("billing", login=True, password_roles=("billing_producer", "billing_worker"))
         in res.output
     )
+
+
+def test_dependent_jobs_work_under_the_least_privilege_roles(
+    pq: Queue, wq: Queue, queue: Queue, admin: psycopg.Connection[Any], roles: Roles
+) -> None:
+    """A producer enqueues with `after` (through migration 0016's SECURITY DEFINER
+    function, without UPDATE on jobs); a worker's completion releases the child (the
+    trigger's function runs as the owner) and the child reads its parent."""
+    s = ident(queue.schema)
+    parent = pq.enqueue({"n": 1})
+    child = pq.enqueue({"n": 2}, after=[parent])
+    denied(
+        roles.producer_dsn,
+        sql.SQL("UPDATE {}.jobs SET has_children = true").format(s),
+    )
+    [job] = wq.claim(worker="w", limit=5, lease=30)
+    wq.complete(job, {"sum": 3})
+    [released] = wq.claim(worker="w", limit=5, lease=30)
+    assert released.id == child
+    assert [p["result"] for p in wq.parent_results(child)] == [{"sum": 3}]
+    # Only the producer may call the enqueue function; the worker may not plant jobs.
+    denied(
+        roles.worker_dsn,
+        sql.SQL(
+            "SELECT {}.enqueue_graph('{{1}}', '{{q}}', '{{\"{{}}\"}}', '{{0}}', '{{NULL}}', "
+            "'{{1}}', '{{NULL}}', '{{NULL}}', '{{}}', '{{}}', '{{}}', '{{}}', NULL, 'c')"
+        ).format(s),
+    )

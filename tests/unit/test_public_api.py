@@ -25,6 +25,7 @@ PUBLIC = {
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "Signature",
     "SkiplockError",
     "SoftTimeLimitExceeded",
     "Task",
@@ -32,6 +33,11 @@ PUBLIC = {
     "UnknownQueue",
     "Worker",
     "WorkerStats",
+    # the canvas of tasks (docs/workflows.md)
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
 }
 
 

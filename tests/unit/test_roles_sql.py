@@ -28,6 +28,10 @@ PRODUCER = {
     "copy_jobs_at",
     "watch",
     "job_state",
+    # jobs with `after` (migration 0016), a SECURITY DEFINER function
+    "enqueue_graph",
+    # a workflow's output and steps: `wait` and `skiplock workflow`
+    "workflow",
 }
 WORKER = {
     "claim",
@@ -52,6 +56,8 @@ WORKER = {
     "sweep_dead",
     # the generations' upkeep (migration 0009), a SECURITY DEFINER function
     "upkeep",
+    # a child reads its parents' outcomes (migration 0016)
+    "parents",
 }
 # Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
 OWNER = {

@@ -39,6 +39,7 @@ class _Main(click.Group):
         "pause": "skiplock.cli._control",
         "result": "skiplock.cli._control",
         "resume": "skiplock.cli._control",
+        "workflow": "skiplock.cli._control",
         "audit": "skiplock.audit._cli",
         "chaos": "skiplock.chaos._cli",
         "dashboard": "skiplock.dashboard._cli",

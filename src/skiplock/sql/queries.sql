@@ -315,6 +315,36 @@ VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timest
         %(max_attempts)s, %(task)s, %(meta)s::jsonb)
 RETURNING id;
 
+-- name: enqueue_graph
+-- Jobs and the edges between them (`after`), in one statement: the function of
+-- migration 0016, whose header argues why each child is released exactly once.
+SELECT {schema}.enqueue_graph(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[],
+                              %(priorities)s::integer[], %(run_ats)s::timestamptz[],
+                              %(max_attempts)s::integer[], %(tasks)s::text[],
+                              %(metas)s::text[], %(parents)s::bigint[],
+                              %(children)s::bigint[], %(positions)s::integer[],
+                              %(cancels)s::boolean[], %(workflow)s::text, {channel}) AS n;
+
+-- name: parents
+-- A job's parents (its `after`, in the order named) with their outcome.  LEFT JOIN: a
+-- parent dropped by retention still has its place, with no row.
+SELECT d.parent AS id, p.status, p.result, p.last_error
+FROM {schema}.job_deps AS d
+LEFT JOIN {schema}.jobs AS p ON p.id = d.parent
+WHERE d.child = %(id)s
+ORDER BY d.pos;
+
+-- name: workflow
+-- A canvas's output and its steps, in the order written, with their state (NULL
+-- columns: a step dropped by retention).
+SELECT w.id AS workflow, w.output, w.created_at, s.id, j.task, j.status, j.attempts,
+       j.max_attempts, j.last_error
+FROM {schema}.workflows AS w
+CROSS JOIN LATERAL unnest(w.steps) WITH ORDINALITY AS s(id, n)
+LEFT JOIN {schema}.jobs AS j ON j.id = s.id
+WHERE w.id = %(id)s
+ORDER BY s.n;
+
 -- name: reserve_ids
 -- Ids for a COPY are taken from the identity sequence first, so enqueue_many can
 -- return them without a RETURNING (which COPY does not have).
@@ -347,16 +377,17 @@ FROM STDIN;
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: cancel
--- A pending job ends cancelled at once.  A running job is asked to stop: its worker
+-- A pending job ends cancelled at once, and so does a waiting one (migration 0016; its
+-- waiting descendants with it, through the settle trigger).  A running job is asked to stop: its worker
 -- sees the request at its next heartbeat (sooner: the NOTIFY below wakes it to beat
 -- at once), and its fenced write then ends the job cancelled, never done.
 WITH asked AS (
     UPDATE {schema}.jobs
-    SET status           = CASE WHEN status = 'pending' THEN 'cancelled' ELSE status END,
-        finished_at      = CASE WHEN status = 'pending' THEN now() ELSE finished_at END,
+    SET status           = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+        finished_at      = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
         cancel_requested = true
     WHERE id = %(id)s
-      AND status IN ('pending', 'running')
+      AND status IN ('pending', 'running', 'waiting')
       AND part < 1000000
     RETURNING id, status, notify_finish
 )

@@ -56,6 +56,14 @@ GRANT EXECUTE ON FUNCTION {schema}.enqueue_keyed(bigint[], text, text[], text[],
 -- The enqueue trigger reads which workers wait for a notification (migration 0008),
 -- as the inserting role: the queues and the flag, not the workers' names.
 GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};
+-- Jobs that wait for others (`after`, migration 0016) go in through a SECURITY DEFINER
+-- function: it inserts them 'waiting' and marks their parents, which a producer may
+-- not do itself.
+GRANT EXECUTE ON FUNCTION {schema}.enqueue_graph(bigint[], text[], text[], integer[],
+    timestamptz[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text,
+    text) TO {role};
+-- `wait` on a workflow reads its output and steps.
+GRANT SELECT ON {schema}.workflows TO {role};
 
 -- name: grant_worker
 -- Claim, heartbeat, complete, fail, retry, release, sweep: SELECT on jobs (a claim
@@ -80,6 +88,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workers TO {role};
 -- drop one; retention (drop_finished) stays the owner's.
 GRANT EXECUTE ON FUNCTION {schema}.upkeep(bigint, float8, float8, integer) TO {role};
 GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
+-- A child reads its parents' outcomes through their edges (migration 0016).
+GRANT SELECT ON {schema}.job_deps TO {role};
+GRANT SELECT ON {schema}.workflows TO {role};
 
 -- name: superusers
 -- Grants do not bind a superuser: refuse to call such a role least-privilege.

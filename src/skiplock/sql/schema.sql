@@ -100,6 +100,12 @@ BEGIN
         EXECUTE format('DELETE FROM %I.job_keys AS k USING %s AS j '
                        'WHERE k.queue = j.queue AND k.idempotency_key = j.idempotency_key '
                        'AND k.job_id = j.id', ns, p.rel);
+        -- 0016: the edges of the day's jobs go with them (a child finishes after its
+        -- parents, so its day is the later one, and its edges go with it).
+        EXECUTE format('DELETE FROM %I.job_deps AS d USING %s AS j WHERE d.child = j.id',
+                       ns, p.rel);
+        EXECUTE format('DELETE FROM %I.workflows AS w USING %s AS j WHERE w.id = j.id',
+                       ns, p.rel);
         EXECUTE format('SELECT count(*) FROM %s', p.rel) INTO jobs;
         EXECUTE format('DROP TABLE %s', p.rel);
         day := p.d;
@@ -107,6 +113,87 @@ BEGIN
     END LOOP;
 END
 $_$;
+
+-- Name: enqueue_graph(bigint[], text[], text[], integer[], timestamp with time zone[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text, text); Type: FUNCTION
+
+CREATE FUNCTION {schema}.enqueue_graph(ids bigint[], queues text[], payloads text[], priorities integer[], run_ats timestamp with time zone[], max_attempts integer[], tasks text[], metas text[], parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[], workflow text, channel text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    outside  bigint[];
+    found    bigint[];
+    statuses text[];
+    tries    integer := 0;
+    n        integer;
+    i        integer;
+BEGIN
+    IF EXISTS (SELECT unnest(children) EXCEPT SELECT unnest(ids)) THEN
+        RAISE EXCEPTION 'enqueue_graph: an edge names a child outside the batch'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(o.p) INTO outside
+    FROM (SELECT unnest(parents) AS p EXCEPT SELECT unnest(ids)) AS o;
+    IF outside IS NOT NULL THEN
+        LOOP
+            SELECT array_agg(l.id ORDER BY l.id), array_agg(l.status ORDER BY l.id)
+            INTO found, statuses
+            FROM (SELECT j.id, j.status FROM "{schema}".jobs AS j
+                  WHERE j.id = ANY (outside)
+                  ORDER BY j.id
+                  FOR NO KEY UPDATE) AS l;
+            EXIT WHEN cardinality(coalesce(found, '{}')) = cardinality(outside);
+            tries := tries + 1;
+            IF tries >= 3 THEN
+                RAISE EXCEPTION 'after: no job %',
+                    (SELECT min(m.p) FROM (SELECT unnest(outside) AS p
+                                           EXCEPT SELECT unnest(found)) AS m)
+                    USING ERRCODE = 'no_data_found';
+            END IF;
+        END LOOP;
+        UPDATE "{schema}".jobs AS j
+        SET has_children = true
+        FROM unnest(found, statuses) AS f(id, status)
+        WHERE j.id = f.id AND NOT j.has_children
+          AND f.status NOT IN ('done', 'failed', 'cancelled');
+    END IF;
+
+    INSERT INTO "{schema}".jobs (id, queue, status, payload, priority, run_at, max_attempts,
+                               task, meta, has_children, deps_left)
+    SELECT r.id, r.queue,
+           CASE WHEN e.n IS NOT NULL THEN 'waiting' ELSE 'pending' END,
+           r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts,
+           r.task, r.meta::jsonb,
+           h.p IS NOT NULL,
+           e.n
+    FROM unnest(ids, queues, payloads, priorities, run_ats, max_attempts, tasks, metas)
+         AS r(id, queue, payload, priority, run_at, max_attempts, task, meta)
+    LEFT JOIN (SELECT c, count(*)::integer AS n FROM unnest(children) AS c GROUP BY c) AS e
+           ON e.c = r.id
+    LEFT JOIN (SELECT DISTINCT p FROM unnest(parents) AS p) AS h ON h.p = r.id
+    ORDER BY r.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+
+    INSERT INTO "{schema}".job_deps (parent, child, pos, cancel_on_failure)
+    SELECT e.parent, e.child, e.pos, e.cancel
+    FROM unnest(parents, children, positions, cancel_on_failure)
+         AS e(parent, child, pos, cancel);
+
+    -- A canvas (docs/workflows.md) records itself under the id of its first job.
+    IF workflow IS NOT NULL THEN
+        INSERT INTO "{schema}".workflows (id, output, steps)
+        VALUES (ids[1], workflow::jsonb, ids);
+    END IF;
+
+    -- Parents that had finished: settled now, in id order, as their trigger would have.
+    FOR i IN 1 .. cardinality(coalesce(found, '{}')) LOOP
+        IF statuses[i] IN ('done', 'failed', 'cancelled') THEN
+            PERFORM "{schema}".settle(found[i], statuses[i], channel);
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$$;
 
 -- Name: enqueue_keyed(bigint[], text, text[], text[], integer, timestamp with time zone, integer, text, text, double precision, text, boolean); Type: FUNCTION
 
@@ -273,6 +360,18 @@ CREATE FUNCTION {schema}.fence_tokens(ids bigint[], tokens uuid[]) RETURNS TABLE
     SELECT * FROM unnest(ids, tokens)
 $$;
 
+-- Name: jobs_settle(); Type: FUNCTION
+
+CREATE FUNCTION {schema}.jobs_settle() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM "{schema}".settle(NEW.id, NEW.status, TG_ARGV[0]);
+    RETURN NULL;
+END
+$$;
+
 -- Name: notify_enqueued(); Type: FUNCTION
 
 CREATE FUNCTION {schema}.notify_enqueued() RETURNS trigger
@@ -286,6 +385,94 @@ BEGIN
                   WHERE w.waiting IS NOT FALSE AND q.queue = ANY (w.queues))
        OR NOT EXISTS (SELECT FROM "{schema}".workers);
     RETURN NULL;
+END
+$$;
+
+-- Name: settle(bigint, text, text); Type: FUNCTION
+
+CREATE FUNCTION {schema}.settle(parent_id bigint, parent_status text, channel text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    counted bigint[];
+    doomed  bigint[];
+    vias    bigint[];
+    woken   text[];
+    q       text;
+BEGIN
+    WITH s AS (
+        UPDATE "{schema}".job_deps AS d
+        SET settled = true
+        WHERE d.parent = parent_id AND NOT d.settled
+        RETURNING d.child, d.cancel_on_failure
+    )
+    SELECT array_agg(s.child ORDER BY s.child)
+               FILTER (WHERE parent_status = 'done' OR NOT s.cancel_on_failure),
+           array_agg(s.child ORDER BY s.child)
+               FILTER (WHERE parent_status <> 'done' AND s.cancel_on_failure)
+    INTO counted, doomed
+    FROM s;
+
+    IF counted IS NOT NULL THEN
+        PERFORM FROM (SELECT j.id FROM "{schema}".jobs AS j
+                      WHERE j.id = ANY (counted) AND j.status = 'waiting'
+                      ORDER BY j.id
+                      FOR NO KEY UPDATE) AS locked;
+        WITH released AS (
+            UPDATE "{schema}".jobs AS j
+            SET deps_left = j.deps_left - 1,
+                status    = CASE WHEN j.deps_left <= 1 THEN 'pending' ELSE 'waiting' END
+            WHERE j.id = ANY (counted) AND j.status = 'waiting'
+            RETURNING j.queue, j.status, j.run_at
+        )
+        SELECT array_agg(DISTINCT r.queue) INTO woken
+        FROM released AS r
+        WHERE r.status = 'pending' AND r.run_at <= now();
+        -- Wake the queue's workers, as the enqueue trigger does (migration 0008).
+        FOREACH q IN ARRAY coalesce(woken, '{}'::text[])
+        LOOP
+            IF EXISTS (SELECT FROM "{schema}".workers AS w
+                       WHERE w.waiting IS NOT FALSE AND q = ANY (w.queues))
+               OR NOT EXISTS (SELECT FROM "{schema}".workers) THEN
+                PERFORM pg_notify(channel, q);
+            END IF;
+        END LOOP;
+    END IF;
+
+    IF doomed IS NOT NULL THEN
+        WITH RECURSIVE reach (id, via) AS (
+            SELECT j.id, parent_id
+            FROM "{schema}".jobs AS j
+            WHERE j.id = ANY (doomed) AND j.status = 'waiting'
+            UNION
+            SELECT d.child, d.parent
+            FROM reach
+            JOIN "{schema}".job_deps AS d
+              ON d.parent = reach.id AND d.cancel_on_failure AND NOT d.settled
+            JOIN "{schema}".jobs AS j ON j.id = d.child AND j.status = 'waiting'
+        )
+        SELECT array_agg(x.id ORDER BY x.id), array_agg(x.via ORDER BY x.id)
+        INTO doomed, vias
+        FROM (SELECT reach.id, min(reach.via) AS via FROM reach GROUP BY reach.id) AS x;
+        IF doomed IS NOT NULL THEN
+            PERFORM FROM (SELECT j.id FROM "{schema}".jobs AS j
+                          WHERE j.id = ANY (doomed) AND j.status = 'waiting'
+                          ORDER BY j.id
+                          FOR NO KEY UPDATE) AS locked;
+            UPDATE "{schema}".jobs AS j
+            SET status      = 'cancelled',
+                finished_at = now(),
+                last_error  = CASE WHEN x.via = parent_id
+                                   THEN format('cancelled: parent job %s %s',
+                                               parent_id, parent_status)
+                                   ELSE format('cancelled: parent job %s was cancelled '
+                                               'after job %s %s', x.via, parent_id,
+                                               parent_status) END
+            FROM unnest(doomed, vias) AS x(id, via)
+            WHERE j.id = x.id AND j.status = 'waiting';
+        END IF;
+    END IF;
 END
 $$;
 
@@ -433,11 +620,12 @@ BEGIN
                                        max_attempts, worker, lease_token, locked_until,
                                        started_at, finished_at, last_error, idempotency_key,
                                        created_at, completions, handback_token, result,
-                                       cancel_requested, notify_finish, task, meta, part)
+                                       cancel_requested, notify_finish, task, meta, has_children,
+                                       deps_left, part)
             SELECT id, queue, status, priority, run_at, payload, attempts, max_attempts,
                    worker, lease_token, locked_until, started_at, finished_at, last_error,
                    idempotency_key, created_at, completions, handback_token, result,
-                   cancel_requested, notify_finish, task, meta,
+                   cancel_requested, notify_finish, task, meta, has_children, deps_left,
                    CASE WHEN status = 'pending' THEN cur
                         ELSE "{schema}".day_part(finished_at) END
             FROM gone
@@ -525,6 +713,16 @@ CREATE TABLE {schema}.generations (
     CONSTRAINT generations_part_check CHECK (((part >= 1) AND (part < 1000000)))
 );
 
+-- Name: job_deps; Type: TABLE
+
+CREATE TABLE {schema}.job_deps (
+    parent bigint NOT NULL,
+    child bigint NOT NULL,
+    pos integer NOT NULL,
+    cancel_on_failure boolean DEFAULT true NOT NULL,
+    settled boolean DEFAULT false NOT NULL
+);
+
 -- Name: job_keys; Type: TABLE
 
 CREATE TABLE {schema}.job_keys (
@@ -560,11 +758,13 @@ CREATE TABLE {schema}.jobs (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
+    has_children boolean DEFAULT false NOT NULL,
+    deps_left integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 PARTITION BY LIST (part);
 
@@ -595,11 +795,13 @@ CREATE TABLE {schema}.jobs_g1 (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null NOT NULL,
+    has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
+    deps_left integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
@@ -630,11 +832,13 @@ CREATE TABLE {schema}.jobs_g2 (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
+    has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
+    deps_left integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80');
 
@@ -665,11 +869,13 @@ CREATE TABLE {schema}.jobs_g3 (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
+    has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
+    deps_left integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80');
 
@@ -745,6 +951,15 @@ CREATE TABLE {schema}.workers (
     waiting boolean
 );
 
+-- Name: workflows; Type: TABLE
+
+CREATE TABLE {schema}.workflows (
+    id bigint NOT NULL,
+    output jsonb NOT NULL,
+    steps bigint[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 -- Name: jobs_g1; Type: TABLE ATTACH
 
 ALTER TABLE ONLY {schema}.jobs ATTACH PARTITION {schema}.jobs_g1 FOR VALUES IN (1);
@@ -761,6 +976,11 @@ ALTER TABLE ONLY {schema}.jobs ATTACH PARTITION {schema}.jobs_g3 FOR VALUES IN (
 
 ALTER TABLE ONLY {schema}.generations
     ADD CONSTRAINT generations_pkey PRIMARY KEY (part);
+
+-- Name: job_deps job_deps_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY {schema}.job_deps
+    ADD CONSTRAINT job_deps_pkey PRIMARY KEY (parent, child);
 
 -- Name: job_keys job_keys_pkey; Type: CONSTRAINT
 
@@ -806,6 +1026,15 @@ ALTER TABLE ONLY {schema}.queues
 
 ALTER TABLE ONLY {schema}.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (name);
+
+-- Name: workflows workflows_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY {schema}.workflows
+    ADD CONSTRAINT workflows_pkey PRIMARY KEY (id);
+
+-- Name: job_deps_child_idx; Type: INDEX
+
+CREATE INDEX job_deps_child_idx ON {schema}.job_deps USING btree (child, pos);
 
 -- Name: jobs_claimable_idx; Type: INDEX
 
@@ -907,6 +1136,10 @@ ALTER INDEX {schema}.jobs_running_leases_idx ATTACH PARTITION {schema}.jobs_g3_r
 
 CREATE TRIGGER jobs_notify_enqueued AFTER INSERT ON {schema}.jobs REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_enqueued('skiplock_{schema}');
 
+-- Name: jobs jobs_settle; Type: TRIGGER
+
+CREATE TRIGGER jobs_settle AFTER UPDATE OF status ON {schema}.jobs FOR EACH ROW WHEN ((new.has_children AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])) AND (old.status <> ALL (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) EXECUTE FUNCTION {schema}.jobs_settle('skiplock_{schema}');
+
 -- Name: FUNCTION add_partition(rel text, part integer); Type: ACL
 
 REVOKE ALL ON FUNCTION {schema}.add_partition(rel text, part integer) FROM PUBLIC;
@@ -915,9 +1148,17 @@ REVOKE ALL ON FUNCTION {schema}.add_partition(rel text, part integer) FROM PUBLI
 
 REVOKE ALL ON FUNCTION {schema}.drop_finished(older_than double precision) FROM PUBLIC;
 
+-- Name: FUNCTION enqueue_graph(ids bigint[], queues text[], payloads text[], priorities integer[], run_ats timestamp with time zone[], max_attempts integer[], tasks text[], metas text[], parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[], workflow text, channel text); Type: ACL
+
+REVOKE ALL ON FUNCTION {schema}.enqueue_graph(ids bigint[], queues text[], payloads text[], priorities integer[], run_ats timestamp with time zone[], max_attempts integer[], tasks text[], metas text[], parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[], workflow text, channel text) FROM PUBLIC;
+
 -- Name: FUNCTION enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean); Type: ACL
 
 REVOKE ALL ON FUNCTION {schema}.enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean) FROM PUBLIC;
+
+-- Name: FUNCTION settle(parent_id bigint, parent_status text, channel text); Type: ACL
+
+REVOKE ALL ON FUNCTION {schema}.settle(parent_id bigint, parent_status text, channel text) FROM PUBLIC;
 
 -- Name: FUNCTION upkeep(rotate_rows bigint, rotate_after double precision, rotate_idle double precision, batch integer); Type: ACL
 
