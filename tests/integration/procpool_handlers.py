@@ -72,3 +72,8 @@ def double(n: int) -> dict[str, int]:
 async def adouble(n: int) -> dict[str, int]:
     await asyncio.sleep(0)
     return {"value": 2 * n, "pid": os.getpid()}
+
+
+@app.task(name="pp.add")
+def add(a: int, b: int) -> int:
+    return a + b

@@ -244,3 +244,20 @@ def test_a_handler_children_cannot_import_is_refused(queue: Queue) -> None:
     # The app is a local here: no module-level name a child could import it by.
     with pytest.raises(ConfigError, match="module-level name"):
         app.worker(pool="process")
+
+
+def test_a_chain_runs_in_children_each_step_given_its_parents_result(queue: Queue) -> None:
+    """A canvas step under the process pool reads its parent's result in the child (a
+    connection of the child's own): the chain's value passes from step to step."""
+    from skiplock import chain
+
+    from .procpool_handlers import add
+
+    producer = App(queue.settings.dsn, schema=queue.schema)
+    padd = producer.task(name="pp.add")(add.fn)
+    try:
+        flow = chain(padd.s(1, 2), padd.s(3), padd.s(10)).defer()
+        with running(module_app.worker(using=queue, pool="process", concurrency=2)):
+            assert producer.wait(flow, timeout=60) == 16
+    finally:
+        producer.close()
