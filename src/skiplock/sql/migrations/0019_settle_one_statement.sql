@@ -7,7 +7,7 @@
 -- A completion batch of 8 members of one chord runs it 8 times while it holds the
 -- callback's row lock, and every other completion of that chord waits for that lock
 -- until the batch commits: `bench/run workflows` measured a chord of 10,000 members
--- at 230-340 members/s against 3,300-5,300 for the same group without a callback.
+-- at 215-342 members/s against 2,900-5,300 for the same group without a callback.
 --
 -- Now a parent that is done (so none of its children is cancelled) and has exactly
 -- one edge left to settle does it in one statement: the edge flipped, and the child's
