@@ -3,7 +3,7 @@
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
 from ._config import RetryPolicy
-from ._control import QueueConfig
+from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -36,6 +36,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobFailed",
+    "JobInfo",
     "JobStateError",
     "LeaseLost",
     "PayloadError",
@@ -44,6 +45,7 @@ __all__ = [
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "RetryReport",
     "SkiplockError",
     "Task",
     "UnknownJob",

@@ -64,6 +64,9 @@ OWNER = {
     "list_jobs",
     "requeue",
     "delete_job",
+    "find_jobs",
+    "failed_ids",
+    "retry_jobs",
     "throughput",
 }
 
