@@ -272,7 +272,7 @@ def error_line(error: str | None) -> str | None:
     """
     if not error or not error.strip():
         return None
-    lines = error.strip().splitlines()
+    lines = [line.rstrip() for line in error.splitlines() if line.strip()]
     first = lines[0]
     # A traceback opens with its header; one trimmed to its tail (_handlers keeps the
     # last 8,000 characters) with "..."; an exception group's with an indented "+".
@@ -285,10 +285,16 @@ def error_line(error: str | None) -> str | None:
         # The frame's own indentation is two spaces past the margin; its source line and
         # caret markers are indented further, the exception line is not.
         margin = margin[:-2] if margin.endswith("  ") else margin
-        for line in lines[frames[-1] + 1 :]:
-            rest = line[len(margin) :] if line.startswith(margin) else line
-            if rest.strip() and not rest.startswith(" "):
-                return _clip(rest.strip())
+        after = lines[frames[-1] + 1 :]
+    else:
+        # Trimmed inside the last frame line: the exception line is the first one at
+        # the margin after the frame's indented source line.
+        indented = [i for i, line in enumerate(lines) if line.startswith(" ")]
+        margin, after = "", lines[indented[-1] + 1 :] if indented else lines[-1:]
+    for line in after:
+        rest = line[len(margin) :] if line.startswith(margin) else line
+        if not rest.startswith(" "):
+            return _clip(rest.strip())
     return _clip(lines[-1].strip())
 
 
