@@ -152,3 +152,28 @@ def test_since_takes_a_duration_or_an_aware_time(text: str, expect: Any) -> None
 def test_since_refuses_the_rest_in_one_line(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_since(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("retry",), "give job IDs or --failed"),
+        (("retry", "1", "--failed"), "give job IDs or --failed"),
+        (("retry", "1", "--task", "x"), "--queue, --task and --since go with --failed"),
+        (("retry", "--failed", "--since", "yesterday"), "neither a duration"),
+        (("jobs", "--since", "2030-01-31T09:00:00"), "has no timezone"),
+        (("jobs", "--status", "lost"), "Invalid value for '--status'"),
+    ],
+)
+def test_bad_cli_arguments_are_one_line_and_exit_2_before_any_connection(
+    args: tuple[str, ...], message: str
+) -> None:
+    from click.testing import CliRunner
+
+    from skiplock.cli import main
+
+    dsn = {"SKIPLOCK_DSN": "postgresql://nobody@127.0.0.1:1/none"}  # never reached
+    out = CliRunner().invoke(main, list(args), env=dsn)
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+    assert "cannot reach" not in out.output
