@@ -547,24 +547,23 @@ LIMIT %(limit)s;
 -- partition) fails with a serialization error and is run again by the caller.
 -- Ids not retried come back with the status this statement's snapshot saw (NULL: no
 -- such job); one the snapshot saw failed was moved meanwhile, and is asked again.
-WITH asked AS (
-    SELECT DISTINCT unnest(%(ids)s::bigint[]) AS id
-),
-retried AS (
+WITH retried AS (
     UPDATE {schema}.jobs AS j
     SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
         started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
         result = NULL,
         part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
-    FROM asked
-    WHERE j.id = asked.id
-      AND j.status IN ('failed', 'cancelled')
+    WHERE j.id = ANY (%(ids)s::bigint[])  -- each partition's key, not a join: a join
+      AND j.status IN ('failed', 'cancelled')  -- was a hash over every row (0015)
     RETURNING j.id
+),
+seen AS (
+    SELECT id, status FROM {schema}.jobs WHERE id = ANY (%(ids)s::bigint[])
 )
-SELECT a.id, r.id IS NOT NULL AS retried, j.status
-FROM asked AS a
+SELECT a.id, r.id IS NOT NULL AS retried, CASE WHEN r.id IS NULL THEN s.status END AS status
+FROM unnest(%(ids)s::bigint[]) AS a(id)  -- distinct ids, sent sorted
 LEFT JOIN retried AS r ON r.id = a.id
-LEFT JOIN {schema}.jobs AS j ON j.id = a.id AND r.id IS NULL
+LEFT JOIN seen AS s ON s.id = a.id
 ORDER BY a.id;
 
 -- name: delete_job
