@@ -365,7 +365,10 @@ class RetryProgress:
 
     retried: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
-    after: int = 0  # retry_failed's keyset: every failed id up to here was handled
+    # retry_failed's ids, read once: a job retried by this call that fails again before
+    # the call ends is not taken again (a loop could otherwise chase a job that fails
+    # at once, for as long as a worker keeps failing it).
+    todo: list[int] | None = None
 
     def report(self) -> RetryReport:
         return RetryReport(tuple(self.retried), dict(self.refused))
@@ -408,13 +411,9 @@ def retry_failed(
     stmts: Statements, filters: Mapping[str, Any], progress: RetryProgress, batch: int = 500
 ) -> Op[RetryReport]:
     """Retry every failed job matching ``filters`` (queue, task, since), ``batch`` at a time."""
-    while True:
-        params = {**filters, "after": progress.after, "limit": batch}
-        rows = yield Execute(stmts.failed_ids, params)
-        ids = [int(r["id"]) for r in rows]
-        if not ids:
-            return progress.report()
-        yield from _retry_ids(stmts, ids, progress)
-        progress.after = ids[-1]
-        if len(ids) < batch:
-            return progress.report()
+    if progress.todo is None:
+        rows = yield Execute(stmts.failed_ids, filters)
+        progress.todo = [int(r["id"]) for r in rows]
+    for start in range(0, len(progress.todo), batch):
+        yield from _retry_ids(stmts, progress.todo[start : start + batch], progress)
+    return progress.report()

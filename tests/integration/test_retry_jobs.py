@@ -211,10 +211,11 @@ def test_retry_failed_takes_the_matching_failed_jobs_batch_by_batch(
 
 
 def test_a_job_that_fails_again_meanwhile_is_retried_once_per_call(dsn: str, queue: Queue) -> None:
-    """retry_failed walks the ids upward: a job retried by an early batch that fails
-    again before a later batch is not taken a second time (else a call could go on
-    retrying a job that a worker fails at once).  The operation is driven a statement
-    at a time, and the first retried job is run and failed again between batches."""
+    """retry_failed reads the matching ids once, then retries them a batch at a time: a
+    job retried by an early batch that fails again before a later batch is not taken a
+    second time (else a call could go on retrying a job that a worker fails at once).
+    The operation is driven a statement at a time, and the first retried job is run and
+    failed again between batches."""
     ids = _fail(queue, "ops", 3, "boom")
     stmts = queue._stmts
     op = _control.retry_failed(

@@ -519,18 +519,17 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: failed_ids
--- `retry --failed`: the failed jobs matching the filters, a batch at a time in id order
--- (keyset on `after`), so that a job failing again while the batches go is not taken
--- twice by one call.  `since` is compared with finished_at (when the job failed).
+-- `retry --failed`: the ids of the failed jobs matching the filters, read once, in one
+-- scan (no index holds failed jobs apart from done ones; a keyset of batches walked the
+-- primary keys of every done job before the first failed one, 0.43 s for 100,000).
+-- `since` is compared with finished_at (when the job failed).
 SELECT id
 FROM {schema}.jobs
 WHERE status = 'failed'
-  AND id > %(after)s
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(task)s::text IS NULL OR task = %(task)s)
   AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s)
-ORDER BY id
-LIMIT %(limit)s;
+ORDER BY id;
 
 -- name: retry_jobs
 -- An operator's retry of failed or cancelled jobs, by id: each row becomes pending
