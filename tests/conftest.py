@@ -57,3 +57,37 @@ def admin(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """A plain autocommit connection for inspecting and poking the database."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(autouse=True)
+def no_skiplock_thread_left() -> Iterator[None]:
+    """Fail the test that leaves a skiplock thread running.
+
+    A worker's threads must all end when its run() returns (issue 38): a writer that
+    outlived its test went on recording batches into later tests and calling `random`
+    while Hypothesis drew examples, failing tests that had nothing to do with it.
+    """
+    import re
+    import threading
+    import time
+
+    # A Queue's connection pool threads ("<pool>-scheduler", "<pool>-worker-N") belong
+    # to the Queue, which a fixture may keep open for a module or session.
+    pool_thread = re.compile(r"-(scheduler|worker-\d+)$")
+    before = set(threading.enumerate())
+    yield
+    end = time.monotonic() + 5.0
+    while True:
+        left = [
+            t
+            for t in threading.enumerate()
+            if t not in before
+            and t.is_alive()
+            and t.name.startswith("skiplock-")
+            and not pool_thread.search(t.name)
+        ]
+        if not left or time.monotonic() > end:
+            break
+        time.sleep(0.02)
+    if left:
+        pytest.fail(f"skiplock thread(s) still running after the test: {[t.name for t in left]}")

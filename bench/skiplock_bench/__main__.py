@@ -1,4 +1,8 @@
-"""``python -m skiplock_bench``: the whole bench in one command, results in bench/results/."""
+"""``python -m skiplock_bench``: the whole bench in one command, results in bench/results/.
+
+``python -m skiplock_bench SUBCOMMAND ...`` runs one experiment of its own instead
+(``SUBCOMMANDS``; bench/README.md says what each measures).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,21 @@ from .suite import Config, Suite, variants
 ALL_LIBS = ("skiplock", "pgqueuer", "procrastinate")
 SECTIONS = ("pgbench", "enqueue", "pickup", "drain", "scaling")
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+
+# The experiments that are not part of the comparison run: name -> (module, what it
+# measures).  Each module's ``main(argv)`` takes the rest of the command line.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "storage": ("storage", "held xmin, history and memory under a steady flow"),
+    "perjob": ("perjob", "per-job counts: tuples, index entries, WAL, commits, CPU"),
+    "sqlcmp": ("sqlcmp", "pgbench on versions of the claim and complete SQL"),
+    "notify": ("notify", "what the NOTIFY on enqueue costs producers"),
+    "stalls": ("stalls", "claims over a threshold, and what the machine did then"),
+    "proto": ("proto", "the five-table storage prototype (decision 0001)"),
+    "drains": ("drains", "one process's drain in several shapes, alternated"),
+    "versions": ("versions", "drains alternated between two checkouts of skiplock"),
+    "held-claims": ("held_claims", "a Worker's claims under a held xmin, head and position"),
+    "pickup-stages": ("pickup_stages", "an idle worker's pickup, stage by stage"),
+}
 
 # name: (sizes, rounds, pickup samples, single enqueues, pgbench jobs, claim pending small/big,
 #        claim samples, scaling drain N, slow-library cap, profile N)
@@ -84,6 +103,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="bench/run",
         description="skiplock vs procrastinate vs pgqueuer vs pgbench, same Postgres, same run.",
+        epilog="experiments of their own: bench/run SUBCOMMAND ... ("
+        + "; ".join(f"{name}: {what}" for name, (_, what) in SUBCOMMANDS.items())
+        + ")",
     )
     p.add_argument(
         "--dsn",
@@ -210,8 +232,12 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        module = importlib.import_module(f"skiplock_bench.{SUBCOMMANDS[argv[0]][0]}")
+        return int(module.main(argv[1:]) or 0)
     signal.signal(signal.SIGTERM, _terminate)
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
     cfg = build_config(args)
     logging.basicConfig(level=logging.WARNING)
     mods = load_libs(cfg.libs)

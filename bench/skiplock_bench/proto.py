@@ -1,11 +1,12 @@
 """``python -m skiplock_bench.proto``: the storage design of issue 19, measured on a prototype
 schema before anyone writes the migration.
 
-docs/architecture.md ("Storage, second round: design") names two unknowns; this module
-measures them on the design's tables (``sql/proto.sql``: ``job_data`` RANGE partitioned by
-id, ``ready`` and ``leases`` LIST partitioned by generation, ``history`` RANGE partitioned
-by ``finished_at``, ``job_keys``), built in a schema of their own on a scratch cluster
-(``scratch.py``: initdb on a free port, autovacuum off; the shared server is never used):
+The five-table design (docs/decisions/0001-generations-of-one-jobs-table.md) had two
+unknowns; this module measures them on the design's tables (``sql/proto.sql``:
+``job_data`` RANGE partitioned by id, ``ready`` and ``leases`` LIST partitioned by
+generation, ``history`` RANGE partitioned by ``finished_at``, ``job_keys``), built in a
+schema of their own on a scratch cluster (``scratch.py``: initdb on a free port,
+autovacuum off; the shared server is never used):
 
 1. ``perjob``: what one job costs the server with the candidate statements, in the
    counts of ``perjob.py`` (its ``Monitor`` and ``Phase``, imported, not copied): heap

@@ -53,8 +53,8 @@ def cluster(
 
     ``info``, if given, is filled with the cluster's ``root``, ``data`` and server
     ``log`` paths (the stalls harness reads the log: checkpoints, slow statements).
-    ``env``: more environment for the server (``bench/pickup_slow_flush.py`` preloads a
-    library that makes each WAL flush slower)."""
+    ``env``: more environment for the server (a preloaded library that makes each WAL
+    flush slower, as the retired ``pickup_slow_flush.py`` did)."""
     bindir = _bindir()
     root = Path(tempfile.mkdtemp(prefix="skiplock-bench-scratch-"))
     data = root / "data"

@@ -7,6 +7,7 @@ from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import (
     ConfigError,
     DatabaseUnavailable,
+    DuplicateJob,
     Fail,
     JobCancelled,
     JobFailed,
@@ -32,6 +33,7 @@ __all__ = [
     "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "Job",
     "JobCancelled",

@@ -404,15 +404,22 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
     ) -> int:
         """Add one job and return its id.
 
         ``priority``: lower runs first.  ``run_at``: not before this time.  With an
         ``idempotency_key``, a job already enqueued with that key in this queue is
-        not duplicated: its id is returned.  With ``conn``, the insert joins that
-        connection's transaction and exists only if the caller commits.  ``task``
-        names the function that runs it (``App.task`` sets it; workers of an App claim
-        only the tasks they know) and ``meta`` travels with it (a trace context).
+        not duplicated (docs/tasks.md, "Unique jobs"): the key holds for as long as
+        that job is kept, or with ``unique_for`` (seconds or a timedelta) while it is
+        pending or running and that long after it finished.  ``on_conflict``:
+        ``"return"`` its id if its payload (and task) are the same, else raise
+        ``DuplicateJob``; ``"replace"`` its payload if it has not started; ``"raise"``
+        always.  With ``conn``, the insert joins that connection's transaction and
+        exists only if the caller commits.  ``task`` names the function that runs it
+        (``App.task`` sets it; workers of an App claim only the tasks they know) and
+        ``meta`` travels with it (a trace context).
         """
         make = self._enqueue_op(
             payload,
@@ -424,6 +431,8 @@ class AsyncQueue(QueueBase):
             task,
             meta,
             retryable=conn is None,
+            unique_for=unique_for,
+            on_conflict=on_conflict,
         )
         # Safe to send again after a lost reply: the key's unique index, or the id
         # reserved first (see _ops.Reserved).
@@ -442,10 +451,26 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
     ) -> list[int]:
-        """Add many jobs with one COPY; returns their ids in order."""
+        """Add many jobs with one COPY; returns their ids in order.
+
+        With ``idempotency_keys`` (one per payload, None for none) each keyed job is
+        deduplicated as ``enqueue`` does, against the jobs there and against the
+        earlier rows of the batch; a conflict that raises enqueues none of them.
+        """
         make = self._enqueue_many_op(
-            payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
+            payloads,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_keys,
+            task,
+            meta,
+            unique_for=unique_for,
+            on_conflict=on_conflict,
         )
         # Safe to send again after a lost reply: its ids are reserved first and a
         # retry looks for them before sending (see _ops.Reserved).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import select
 import threading
@@ -24,7 +25,7 @@ from ._config import (
     validate_schema,
 )
 from ._embedded import embedded_dsn
-from ._errors import ConfigError, DatabaseUnavailable, LeaseLost, PayloadError
+from ._errors import ConfigError, DatabaseUnavailable, DuplicateJob, LeaseLost, PayloadError
 from ._job import Job, skiplock_adapters
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
@@ -128,6 +129,12 @@ def translate_error(
         return ConfigError(
             f"skiplock schema {settings.schema!r} is missing or not migrated "
             f"on {settings.display_dsn}; run `skiplock migrate`"
+        )
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == "SL409":
+        # enqueue_keyed (migration 0017): the key's holder, as JSON in the DETAIL.
+        held = json.loads(exc.diag.message_detail or "{}")
+        return DuplicateJob(
+            int(held["job_id"]), held["key"], held["queue"], held["status"], held["reason"]
         )
     if isinstance(exc, pgerrors.InsufficientPrivilege):
         if what == "migrate":
@@ -327,24 +334,20 @@ class QueueBase:
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
         retryable: bool = True,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
     ) -> MakeOp:
         """One job.  ``retryable``: the driver may send it again after a lost reply.
 
-        A keyed insert is safe to repeat as it is (the unique index).  An unkeyed one
-        that may be repeated goes under an id reserved beforehand (``_ops.enqueue_one``:
-        by the previous enqueue's insert, so no extra round trip), so a retry can tell
-        whether the lost attempt committed; in the caller's transaction
-        (``retryable=False``) nothing is repeated, and the plain insert does.
+        It goes under an id reserved beforehand (by the previous enqueue's insert, so no
+        extra round trip; ``_ops.enqueue_one``), so a retry can tell whether the lost
+        attempt committed; in the caller's transaction (``retryable=False``) nothing is
+        repeated, and an unkeyed job takes the plain insert.  A keyed one goes through
+        ``enqueue_keyed`` (migration 0017), which decides what a held key gets.
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
-        if idempotency_key is not None:
-            _check_key(idempotency_key)
         meta_text = _meta_text(task, meta)
-        if idempotency_key is not None:
-            # This insert takes a newer id than the spare: a later unkeyed enqueue must
-            # not go under an older one (one producer's ids follow its enqueues).
-            self._spare_ids.clear()
         row: dict[str, Any] = {
             "queue": queue,
             "payload": text,
@@ -354,13 +357,35 @@ class QueueBase:
             "task": task,
             "meta": meta_text,
         }
-        if idempotency_key is None and retryable:
-            held = _ops.Reserved()
-            spares = self._spare_ids
-            return lambda after: _ops.enqueue_one(
-                self._stmts, **row, reserved=held, spares=spares, retry=after
+        held = _ops.Reserved()
+        spares = self._spare_ids
+        if idempotency_key is None:
+            if unique_for is not None or on_conflict != "return":
+                raise ConfigError("unique_for and on_conflict need an idempotency key")
+            if retryable:
+                return lambda after: _ops.enqueue_one(
+                    self._stmts, **row, reserved=held, spares=spares, retry=after
+                )
+            return lambda _after: _ops.enqueue(self._stmts, **row)
+        _check_key(idempotency_key)
+        seconds = check_unique(unique_for, on_conflict)
+        payloads = [row.pop("payload")]
+
+        def keyed(after: bool) -> Op[int]:
+            ids = yield from _ops.enqueue_keyed(
+                self._stmts,
+                **row,
+                payloads=payloads,
+                keys=[idempotency_key],
+                unique_for=seconds,
+                on_conflict=on_conflict,
+                reserved=held,
+                spares=spares,
+                retry=after,
             )
-        return lambda _after: _ops.enqueue(self._stmts, **row, key=idempotency_key)
+            return ids[0]
+
+        return keyed
 
     def _enqueue_many_op(
         self,
@@ -372,10 +397,12 @@ class QueueBase:
         idempotency_keys: Sequence[str | None] | None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
     ) -> MakeOp:
         """Many jobs; the ids reserved by the first attempt are kept for the retries."""
         _check_enqueue_options(queue, priority, run_at, max_attempts)
-        self._spare_ids.clear()  # as for a keyed enqueue: ids follow the enqueues
+        self._spare_ids.clear()  # ids follow the enqueues: a later one takes newer ids
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
@@ -385,10 +412,15 @@ class QueueBase:
                 texts.append(_ops.encode_payload(p, limit))
             except PayloadError as exc:
                 raise PayloadError(f"payload #{n}: {exc}") from None
+        keyed = False
         if idempotency_keys is not None:
             for k in idempotency_keys:
                 if k is not None:
                     _check_key(k)
+                    keyed = True
+        if not keyed and (unique_for is not None or on_conflict != "return"):
+            raise ConfigError("unique_for and on_conflict need idempotency keys")
+        seconds = check_unique(unique_for, on_conflict)
         keys = list(idempotency_keys) if idempotency_keys is not None else None
         held = _ops.Reserved()
         return lambda after: _ops.enqueue_many(
@@ -403,6 +435,8 @@ class QueueBase:
             meta=meta_text,
             reserved=held,
             retry=after,
+            unique_for=seconds,
+            on_conflict=on_conflict,
         )
 
     def _claim_op(
@@ -666,6 +700,31 @@ def _meta_text(task: str | None, meta: Mapping[str, Any] | None) -> str | None:
         return _ops.encode_payload(dict(meta), 64 * 1024)
     except PayloadError as exc:
         raise PayloadError(f"job meta: {exc}") from None
+
+
+ON_CONFLICT = ("return", "replace", "raise")
+
+
+def check_unique(unique_for: float | timedelta | None, on_conflict: str) -> float | None:
+    """``unique_for`` in seconds (None: for as long as the job is kept), checked with
+    ``on_conflict``; ConfigError in one line otherwise."""
+    if on_conflict not in ON_CONFLICT:
+        raise ConfigError(
+            f"on_conflict must be one of {', '.join(map(repr, ON_CONFLICT))}, not {on_conflict!r}"
+        )
+    if unique_for is None:
+        return None
+    if isinstance(unique_for, timedelta):
+        seconds = unique_for.total_seconds()
+    elif type(unique_for) in (int, float):
+        seconds = float(unique_for)
+    else:
+        raise ConfigError(
+            f"unique_for must be seconds or a timedelta (or None), not {unique_for!r:.40}"
+        )
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"unique_for must be zero or more seconds, not {unique_for!r:.40}")
+    return seconds
 
 
 def _check_enqueue_options(

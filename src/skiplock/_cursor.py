@@ -53,7 +53,7 @@ class ClaimCursor:
     had just taken what was there) kept a position from long ago, and each of its claims
     walked every entry claimed since: under a held xmin, one claim from the loop in ten
     started 6,000 to 38,000 ids behind the newest, and the claims read 1,500-2,000 dead
-    index entries each on average (bench/held_claims.py; 8 on a fresh table).  What
+    index entries each on average (``bench/run held-claims``; 8 on a fresh table).  What
     lies between a chain's own position and the shared one was claimed by the other
     chain, or skipped by it as another claimer's, exactly what a chain's own claims
     skip: the head claims find what is left.

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "JobCancelled",
     "JobFailed",
@@ -65,6 +66,34 @@ class UnknownQueue(ConfigError, LookupError):
         # hint: how to make it exist on purpose, where the caller can (limit --create).
         told = f"unknown queue {queue!r}: it has no jobs and no settings"
         super().__init__(f"{told}; {hint}" if hint else told)
+
+
+class DuplicateJob(SkiplockError):
+    """An enqueue's idempotency key is held by another job, and the enqueue may not be
+    answered with that job's id: its arguments differ, it has started (a replace came
+    too late), or ``on_conflict="raise"``.  Nothing was enqueued.
+
+    ``job_id`` is the job holding the key, ``status`` its status when looked at, and
+    ``reason`` one of ``"arguments"``, ``"started"``, ``"exists"``.
+    """
+
+    def __init__(self, job_id: int, key: str, queue: str, status: str, reason: str) -> None:
+        self.job_id = job_id
+        self.key = key
+        self.queue = queue
+        self.status = status
+        self.reason = reason
+        held = f"key {key!r} in queue {queue!r} is held by job {job_id} ({status})"
+        if reason == "arguments":
+            why = (
+                "with other arguments; pass on_conflict='replace' to replace them "
+                "while it has not started, or use another key"
+            )
+        elif reason == "started":
+            why = "which has started: its arguments can no longer be replaced"
+        else:
+            why = "and on_conflict='raise'"
+        super().__init__(f"{held} {why}")
 
 
 class JobStateError(SkiplockError):

@@ -21,9 +21,11 @@ from ._errors import ConfigError, Fail, PayloadError, Retry
 from ._job import Attempt, Job
 
 __all__ = [
+    "HandlerExit",
     "HandlerPool",
     "Outcome",
     "RunTime",
+    "contained",
     "failed_outcome",
     "load_handler",
     "load_object",
@@ -72,7 +74,7 @@ def run_handler(
         else:
             value = handler(job)
         return ok_outcome(job, value, max_result_bytes)
-    except BaseException as exc:  # every outcome is reported; failed_outcome re-raises ^C
+    except BaseException as exc:  # every outcome is reported, SystemExit included
         return failed_outcome(exc, job, timeout)
 
 
@@ -97,9 +99,37 @@ def failed_outcome(exc: BaseException, job: Job, timeout: float | None) -> Outco
         return CANCELLED
     if isinstance(exc, TimeoutError) and timeout:
         return Outcome("retry", f"timed out after {timeout:g}s")
+    if isinstance(exc, HandlerExit):
+        exc = exc.original
+    text = "".join(traceback.format_exception(exc))
     if not isinstance(exc, Exception):
-        raise exc  # KeyboardInterrupt, SystemExit: not the handler's outcome
-    return Outcome("retry", _trim("".join(traceback.format_exception(exc))))
+        # SystemExit, KeyboardInterrupt, GeneratorExit raised by the handler: its attempt
+        # failed like any other.  The worker's own signals never raise (handle_signals
+        # sets a stop instead), so nothing here can be a request to stop the worker, and
+        # letting it escape would kill the handler's thread with its job still held.
+        text += f"(the handler raised {type(exc).__name__}; the worker went on)\n"
+    return Outcome("retry", _trim(text))
+
+
+class HandlerExit(Exception):
+    """A handler coroutine raised SystemExit or KeyboardInterrupt.
+
+    asyncio lets those two escape the event loop, which would stop an AsyncWorker and
+    every handler beside the one that raised; ``contained`` turns them into this
+    ordinary exception, which ``failed_outcome`` reports as the original.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}: {original}")
+        self.original = original
+
+
+async def contained(handler: Handler, job: Job) -> Any:
+    """Await ``handler(job)``, turning SystemExit and KeyboardInterrupt into HandlerExit."""
+    try:
+        return await handler(job)
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise HandlerExit(exc) from exc
 
 
 def retry_reason(exc: Retry) -> str:
@@ -119,7 +149,7 @@ def retry_reason(exc: Retry) -> str:
 
 async def run_coroutine(handler: Handler, job: Job, timeout: float | None) -> Any:
     """Await ``handler(job)``; cancel it at ``timeout`` or when the job is cancelled."""
-    task = asyncio.ensure_future(handler(job))
+    task = asyncio.ensure_future(contained(handler, job))
     watcher = asyncio.ensure_future(_cancel_when_asked(task, job))
     try:
         return await (asyncio.wait_for(task, timeout) if timeout else task)
@@ -215,8 +245,8 @@ class RunTime:
     1 s): it prefetches nothing, so a slow job never waits behind another.  It used to
     move from there by 5 % a job, so no-op jobs took about 200 jobs to be seen as fast,
     and a worker that started on a backlog ran its first ~100 ms at a tenth of its rate,
-    claiming a chain's share at a time (bench/README.md, "a prefetch that learns at
-    once": the first 1,000 jobs of a drain done ~190 ms after the start, ~115 now).
+    claiming a chain's share at a time (bench/results/2026-12-06-cheaper-claimed-rows.md:
+    the first 1,000 jobs of a drain done ~190 ms after the start, ~115 now).
     Now the first ``1 / WEIGHT`` jobs are averaged plainly (weight 1/n), and only then
     does it weigh each new job by ``WEIGHT``: the first job's own time replaces the
     prior, and a few more steady it.
@@ -239,7 +269,12 @@ class RunTime:
 class _Running:
     job: Job
     deadline: float | None
+    thread: threading.Thread
     abandoned: bool = False
+
+
+#: The outcome of a job whose handler thread ended without reporting one.
+VANISHED = Outcome("retry", "the handler's thread ended without an outcome")
 
 
 class HandlerPool:
@@ -291,11 +326,16 @@ class HandlerPool:
                 return
             timeout = self._timeout(job)
             deadline = time.monotonic() + timeout if timeout else None
-            me = _Running(job, deadline)
+            me = _Running(job, deadline, threading.current_thread())
             with self._lock:
                 self._running[job.attempt] = me
             began = time.monotonic()
-            outcome = self._run(job)
+            try:
+                outcome = self._run(job)
+            except BaseException as exc:
+                # run_handler never raises; this is the last line that keeps a slot
+                # from dying with its job held (and heartbeated) for ever.
+                outcome = Outcome("retry", _trim("".join(traceback.format_exception(exc))))
             took = time.monotonic() - began
             with self._lock:
                 if me.abandoned:
@@ -307,21 +347,42 @@ class HandlerPool:
                 del self._running[job.attempt]
                 self.runtime.add(took)
                 self._idle.notify_all()
-            self._on_done(job, outcome)
+            try:
+                self._on_done(job, outcome)
+            except Exception:
+                # The slot lives on; the job's lease runs out and it runs again.
+                logger.exception("handing over the outcome of job %s failed", job.id)
 
-    def reap(self, now: float) -> list[Job]:
-        """Abandon the threads whose job is past its deadline; return those jobs."""
+    def reap(self, now: float) -> tuple[list[Job], list[Job]]:
+        """Take back the jobs whose handler is past its deadline (its thread abandoned)
+        and those whose thread is gone without an outcome; each slot gets a new thread.
+
+        Returns ``(timed_out, vanished)``.
+        """
         expired: list[Job] = []
+        vanished: list[Job] = []
         with self._lock:
             for attempt, r in list(self._running.items()):
-                if r.deadline is not None and now >= r.deadline:
-                    r.abandoned = True
-                    del self._running[attempt]
+                if not r.thread.is_alive():
+                    vanished.append(r.job)
+                elif r.deadline is not None and now >= r.deadline:
                     expired.append(r.job)
-                    self._spawn()
-            if expired:
+                else:
+                    continue
+                r.abandoned = True
+                del self._running[attempt]
+                if r.thread in self._threads:
+                    self._threads.remove(r.thread)
+                self._spawn()
+            if expired or vanished:
                 self._idle.notify_all()
-        return expired
+        return expired, vanished
+
+    def dead(self) -> set[Attempt]:
+        """The attempts whose handler thread is gone without an outcome (not reaped yet):
+        no heartbeat may keep their leases."""
+        with self._lock:
+            return {a for a, r in self._running.items() if not r.thread.is_alive()}
 
     def drain_unstarted(self) -> list[Job]:
         """Take back the jobs no thread has started (for release at shutdown)."""
@@ -350,6 +411,12 @@ class HandlerPool:
                 self._idle.wait(left)
         return True
 
-    def shutdown(self) -> None:
-        for _ in self._threads:
+    def shutdown(self, timeout: float = 1.0) -> None:
+        """End the idle threads (abandoned ones end when their hung call returns)."""
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
             self._tasks.put(None)
+        end = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, end - time.monotonic()))

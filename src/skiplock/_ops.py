@@ -34,6 +34,7 @@ __all__ = [
     "claim",
     "encode_payload",
     "enqueue",
+    "enqueue_keyed",
     "enqueue_many",
     "fenced",
     "resumed",
@@ -112,38 +113,89 @@ def enqueue(
     priority: int,
     run_at: datetime | None,
     max_attempts: int,
-    key: str | None,
     task: str | None = None,
     meta: str | None = None,
 ) -> Op[int]:
+    """One unkeyed job in the caller's transaction (nothing is retried there)."""
     params = {
         "queue": queue,
         "payload": payload,
         "priority": priority,
         "run_at": run_at,
         "max_attempts": max_attempts,
-        "idempotency_key": key,
         "task": task,
         "meta": meta,
-        "schema": stmts.schema,
     }
-    if key is None:
-        rows = yield Execute(stmts.enqueue_plain, params)
-        return int(rows[0]["id"])
-    # The key's row decides; the lookup runs as a new statement so that under READ
-    # COMMITTED it sees the row whose commit made our insert conflict.  A key dropped
-    # with its job in between makes the insert succeed on the next round.
+    rows = yield Execute(stmts.enqueue_plain, params)
+    return int(rows[0]["id"])
+
+
+def enqueue_keyed(
+    stmts: Statements,
+    *,
+    queue: str,
+    payloads: Sequence[str],
+    keys: Sequence[str | None],
+    priority: int,
+    run_at: datetime | None,
+    max_attempts: int,
+    task: str | None,
+    meta: str | None,
+    unique_for: float | None,
+    on_conflict: str,
+    reserved: Reserved,
+    spares: list[tuple[int, float]] | None = None,
+    retry: bool = False,
+) -> Op[list[int]]:
+    """Jobs of which some have an idempotency key, under ids reserved beforehand; each
+    row's id is its own, or that of the job holding its key (migration 0017 decides,
+    and raises SQLSTATE SL409 for a conflict it must not answer with the holder).
+
+    ``spares`` (a single enqueue): take a spare id as ``enqueue_one`` does, and leave
+    the next one.  ``retry``: an earlier attempt with ``reserved`` may have committed
+    unseen; the function counts the rows it finds under our ids as ours.
+    """
+    n = len(payloads)
     for _ in range(3):
-        rows = yield Execute(stmts.enqueue, params)
-        if rows:
-            return int(rows[0]["id"])
-        rows = yield Execute(stmts.find_by_keys, {"queues": [queue], "keys": [key]})
-        if rows:
-            return int(rows[0]["id"])
-    raise SkiplockError(
-        f"enqueue with idempotency key {key!r} conflicts with a row this transaction "
-        "cannot see; run it at READ COMMITTED"
-    )
+        if reserved.ids is None:
+            spare = _fresh_spare(spares) if spares is not None and n == 1 else None
+            if spare is not None:
+                reserved.ids = [spare]
+            else:
+                rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
+                reserved.ids = [int(r["nextval"]) for r in rows]
+        params = {
+            "ids": reserved.ids,
+            "queue": queue,
+            "payloads": list(payloads),
+            "keys": list(keys),
+            "priority": priority,
+            "run_at": run_at,
+            "max_attempts": max_attempts,
+            "task": task,
+            "meta": meta,
+            "unique_for": unique_for,
+            "on_conflict": on_conflict,
+            "retry": retry,
+            "spare": spares is not None,
+            "schema": stmts.schema,
+        }
+        try:
+            rows = yield Execute(stmts.enqueue_keyed, params)
+        except pgerrors.UniqueViolation as exc:
+            if not _is_id_collision(exc):
+                raise
+            # Our ids were handed out twice (see _taken); rows under them are not ours.
+            reserved.ids = None
+            retry = False
+            continue
+        out = [0] * n
+        for r in rows:
+            out[int(r["n"]) - 1] = int(r["id"])
+        if spares is not None and rows and rows[0]["spare"] is not None:
+            spares.append((int(rows[0]["spare"]), time.monotonic()))
+        return out
+    raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
 
 
 @dataclass
@@ -174,59 +226,58 @@ def enqueue_many(
     meta: str | None = None,
     reserved: Reserved | None = None,
     retry: bool = False,
-    copy: bool = True,
+    unique_for: float | None = None,
+    on_conflict: str = "return",
 ) -> Op[list[int]]:
     """Insert ``payloads`` with ids reserved first; see ``Reserved`` for the retry.
 
     ``retry``: an earlier attempt with the same ``reserved`` may have committed unseen.
-    ``copy``: send unkeyed rows with COPY (one statement, but an extra round trip to
-    start it: worth it for a batch, not for one row).
+    Unkeyed rows go with one COPY; a batch with any key goes to ``enqueue_keyed``.
     """
     n = len(payloads)
     if n == 0:
         return []
     if keys is not None and len(keys) != n:
         raise ValueError(f"{n} payloads but {len(keys)} idempotency keys")
-    row_keys: list[str | None] = list(keys) if keys is not None else [None] * n
     held = reserved if reserved is not None else Reserved()
+    if keys is not None and any(k is not None for k in keys):
+        return (
+            yield from enqueue_keyed(
+                stmts,
+                queue=queue,
+                payloads=payloads,
+                keys=keys,
+                priority=priority,
+                run_at=run_at,
+                max_attempts=max_attempts,
+                task=task,
+                meta=meta,
+                unique_for=unique_for,
+                on_conflict=on_conflict,
+                reserved=held,
+                retry=retry,
+            )
+        )
     for _ in range(3):
         if held.ids is None:
             rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
             held.ids = [int(r["nextval"]) for r in rows]
-        elif retry:
-            present = yield from _present(stmts, held.ids, queue)
-            if present:
-                return (yield from _resolve(stmts, queue, held.ids, row_keys, present))
+        elif retry and (yield from _present(stmts, held.ids, queue)):
+            # The rows of one COPY commit together: the lost attempt committed all.
+            return held.ids
         ids = held.ids
         try:
-            if copy and all(k is None for k in row_keys):
-                yield _copy_step(
-                    stmts, ids, queue, payloads, priority, max_attempts, task, meta, run_at
-                )
-                return ids
-            rows = yield Execute(
-                stmts.enqueue_rows,
-                {
-                    "ids": ids,
-                    "queues": [queue] * n,
-                    "payloads": list(payloads),
-                    "priorities": [priority] * n,
-                    "run_ats": [run_at] * n,
-                    "max_attempts": [max_attempts] * n,
-                    "keys": row_keys,
-                    "task": task,
-                    "meta": meta,
-                },
+            yield _copy_step(
+                stmts, ids, queue, payloads, priority, max_attempts, task, meta, run_at
             )
+            return ids
         except pgerrors.UniqueViolation as exc:
             if not _is_id_collision(exc):
                 raise
-            present = yield from _taken(stmts, ids, queue, retry)
-            if present:
-                return (yield from _resolve(stmts, queue, ids, row_keys, present))
+            if (yield from _taken(stmts, ids, queue, retry)):
+                return ids
             held.ids = None
             continue
-        return (yield from _resolve(stmts, queue, ids, row_keys, {int(r["id"]) for r in rows}))
     raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
 
 
@@ -354,36 +405,6 @@ def _present(stmts: Statements, ids: Sequence[int], queue: str) -> Op[set[int]]:
     """Which of our reserved ids hold rows of our queue."""
     rows = yield Execute(stmts.enqueued_ids, {"ids": list(ids), "queue": queue})
     return {int(r["id"]) for r in rows}
-
-
-def _resolve(
-    stmts: Statements,
-    queue: str,
-    ids: Sequence[int],
-    keys: Sequence[str | None],
-    inserted: set[int],
-) -> Op[list[int]]:
-    """Each row's job id: its own if inserted, else the id of the row holding its key."""
-    skipped = [k for i, k in zip(ids, keys, strict=True) if i not in inserted and k is not None]
-    existing: dict[str, int] = {}
-    if skipped:
-        rows = yield Execute(
-            stmts.find_by_keys, {"queues": [queue] * len(skipped), "keys": skipped}
-        )
-        existing = {r["idempotency_key"]: int(r["id"]) for r in rows}
-    out: list[int] = []
-    for i, k in zip(ids, keys, strict=True):
-        if i in inserted or k is None:
-            # An unkeyed row missing from a committed statement was deleted since.
-            out.append(i)
-        elif k in existing:
-            out.append(existing[k])
-        else:
-            raise SkiplockError(
-                f"enqueue with idempotency key {k!r} conflicts with a row "
-                "this transaction cannot see"
-            )
-    return out
 
 
 def claim(

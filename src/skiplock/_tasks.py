@@ -27,7 +27,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
-from ._base import _check_enqueue_options, check_run_at, check_task_name
+from ._base import _check_enqueue_options, check_run_at, check_task_name, check_unique
 from ._config import RetryPolicy, validate_queue
 from ._errors import ConfigError, Fail, PayloadError, Retry
 from ._handlers import run_coroutine
@@ -121,6 +121,11 @@ class Task(Generic[R]):
         retry: RetryPolicy | None,
         timeout: float | None,
         lease: float | None,
+        retry_on: tuple[type[BaseException], ...] | None = None,
+        no_retry_on: tuple[type[BaseException], ...] = (),
+        key: str | Callable[..., str] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
         localns: Mapping[str, Any] | None = None,
     ) -> None:
         self.app = app
@@ -132,6 +137,11 @@ class Task(Generic[R]):
         self.retry = retry
         self.timeout = timeout
         self.lease = lease
+        self.retry_on = retry_on
+        self.no_retry_on = no_retry_on
+        self.key = key
+        self.unique_for = unique_for
+        self.on_conflict = on_conflict
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -212,6 +222,20 @@ class Task(Generic[R]):
             raise PayloadError(f"{self.name}.defer(): arguments: {exc}") from None
         return out
 
+    def key_for(self, payload: Mapping[str, Any]) -> str | None:
+        """The task's key for a call (its arguments, as ``encode`` made them), or None
+        if the task has no ``key``: a format template over the arguments, or a callable
+        given them by name."""
+        if self.key is None:
+            return None
+        try:
+            key = self.key.format_map(payload) if isinstance(self.key, str) else self.key(**payload)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+            raise TypeError(f"{self.name}.defer(): key {self.key!r}: {exc!r}") from None
+        if not isinstance(key, str):
+            raise TypeError(f"{self.name}.defer(): key must make a str, not {key!r:.40}")
+        return key
+
     def configure(
         self,
         *,
@@ -222,13 +246,18 @@ class Task(Generic[R]):
         queue: str | None = None,
         max_attempts: int | None = None,
         conn: Any = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str | None = None,
     ) -> Deferral:
         """Options for one deferral: ``task.configure(delay=60).defer(invoice_id=7)``.
 
         ``delay`` (seconds or a timedelta) and ``run_at`` (an aware datetime) are
-        exclusive.  ``key`` is an idempotency key: a second deferral with the same key
-        in the same queue returns the first job's id.  ``conn`` joins a psycopg
-        connection's transaction (an ``AsyncConnection`` for ``defer_async``).
+        exclusive.  ``key`` is an idempotency key (it replaces the task's own): a second
+        deferral with the same key in the same queue and the same arguments returns
+        the first job's id; with other arguments it raises ``DuplicateJob``.
+        ``unique_for`` and ``on_conflict`` (default: the task's) say how long the key
+        holds and what a conflict gets (docs/tasks.md, "Unique jobs").  ``conn`` joins
+        a psycopg connection's transaction (an ``AsyncConnection`` for ``defer_async``).
         """
         if delay is not None and run_at is not None:
             raise ConfigError("give delay or run_at, not both")
@@ -245,6 +274,10 @@ class Task(Generic[R]):
             from datetime import UTC
 
             run_at = datetime.now(UTC) + timedelta(seconds=seconds)
+        if unique_for is not None or on_conflict is not None:
+            check_unique(unique_for, on_conflict or "return")
+            if key is None and self.key is None:
+                raise ConfigError("unique_for and on_conflict need a key (key= or the task's)")
         return Deferral(
             self,
             run_at=run_at,
@@ -253,6 +286,8 @@ class Task(Generic[R]):
             queue=self.queue if queue is None else queue,
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             conn=conn,
+            unique_for=self.unique_for if unique_for is None else unique_for,
+            on_conflict=self.on_conflict if on_conflict is None else on_conflict,
         )
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
@@ -304,10 +339,32 @@ class Task(Generic[R]):
             raise Fail(f"task {self.name}: arguments do not validate: {exc}") from None
         return self.fn(**kwargs)
 
+    def retries(self, exc: BaseException) -> bool:
+        """Whether an exception raised by the task is retried (``retry_on`` /
+        ``no_retry_on``).  ``no_retry_on`` wins where both match, as Celery's
+        ``dont_autoretry_for`` does; with neither, every exception is retried."""
+        if isinstance(exc, self.no_retry_on):
+            return False
+        return self.retry_on is None or isinstance(exc, self.retry_on)
+
     def retry_for(self, exc: BaseException, job: Job) -> BaseException:
-        """An exception of the task as the worker should see it: the task's own retry
-        policy turns a plain exception into a Retry with its delay, traceback kept."""
-        if self.retry is None or not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+        """An exception of the task as the worker should see it.
+
+        One its ``retry_on`` / ``no_retry_on`` say not to retry becomes a ``Fail`` that
+        keeps the traceback (the job ends failed now); otherwise the task's own retry
+        policy, if it has one, turns it into a Retry with its delay.  ``Retry`` and
+        ``Fail`` are the task's explicit word and pass as they are; so does the
+        TimeoutError of the task's own ``timeout``, which is retried as any timeout, and
+        anything that is not an Exception (KeyboardInterrupt, a cancel).
+        """
+        if not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+            return exc
+        if self.timeout and isinstance(exc, TimeoutError):
+            return exc
+        if not self.retries(exc):
+            text = "".join(traceback.format_exception(exc))
+            return Fail(f"{type(exc).__name__} is not retried (task {self.name})\n{text}")
+        if self.retry is None:
             return exc
         text = "".join(traceback.format_exception(exc))
         return Retry(self.retry.delay(job.attempts), text)
@@ -336,9 +393,12 @@ class Deferral:
     queue: str
     max_attempts: int
     conn: Any
+    unique_for: float | timedelta | None = None
+    on_conflict: str = "return"
 
-    def _options(self, *, keyed: bool = True) -> dict[str, Any]:
-        """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s)."""
+    def _options(self) -> dict[str, Any]:
+        """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s) and
+        the key(s)."""
         options: dict[str, Any] = {
             "queue": self.queue,
             "priority": self.priority,
@@ -348,40 +408,64 @@ class Deferral:
             "task": self.task.name,
             "meta": _trace.inject(),
         }
-        if keyed:
-            options["idempotency_key"] = self.key
+        # Only with a key: the queue refuses unique options without one, and an
+        # unkeyed deferral of a task that declares them is a plain enqueue.
+        if self.unique_for is not None:
+            options["unique_for"] = self.unique_for
+        if self.on_conflict != "return":
+            options["on_conflict"] = self.on_conflict
+        return options
+
+    def _one(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        payload = self.task.encode(args, kwargs)
+        key = self.key if self.key is not None else self.task.key_for(payload)
+        options = self._options() if key is not None else self._unkeyed()
+        return payload, {**options, "idempotency_key": key}
+
+    def _unkeyed(self) -> dict[str, Any]:
+        options = self._options()
+        options.pop("unique_for", None)
+        options.pop("on_conflict", None)
         return options
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
-        payload = self.task.encode(args, kwargs)
-        return self.task.app.queue.enqueue(payload, **self._options())
+        payload, options = self._one(args, kwargs)
+        return self.task.app.queue.enqueue(payload, **options)
 
     async def defer_async(self, *args: Any, **kwargs: Any) -> int:
-        payload = self.task.encode(args, kwargs)
+        payload, options = self._one(args, kwargs)
         q = await self.task.app.async_queue()
-        return await q.enqueue(payload, **self._options())
+        return await q.enqueue(payload, **options)
 
-    def _payloads(self, calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def _many(self, calls: Iterable[Mapping[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
         if self.key is not None:
-            raise ConfigError("defer_many takes no key: one key cannot dedup many jobs")
+            raise ConfigError(
+                "defer_many takes no key: one key cannot dedup many jobs "
+                "(give the task a key template: @app.task(key='...{arg}...'))"
+            )
         out = []
+        keys: list[str | None] = []
         for n, call in enumerate(calls):
             if not isinstance(call, Mapping):
                 raise TypeError(f"{self.task.name}.defer_many(): call #{n} is not a mapping")
             try:
-                out.append(self.task.encode((), call))
+                payload = self.task.encode((), call)
+                keys.append(self.task.key_for(payload))
             except (TypeError, PayloadError) as exc:
                 raise type(exc)(f"call #{n}: {exc}") from None
-        return out
+            out.append(payload)
+        if self.task.key is None:
+            return out, self._unkeyed()
+        return out, {**self._options(), "idempotency_keys": keys}
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
-        payloads = self._payloads(calls)
-        return self.task.app.queue.enqueue_many(payloads, **self._options(keyed=False))
+        payloads, options = self._many(calls)
+        return self.task.app.queue.enqueue_many(payloads, **options)
 
     async def defer_many_async(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
-        payloads = self._payloads(calls)
+        payloads, options = self._many(calls)
         q = await self.task.app.async_queue()
-        return await q.enqueue_many(payloads, **self._options(keyed=False))
+        return await q.enqueue_many(payloads, **options)
 
 
 class App:
@@ -439,6 +523,11 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        key: str | Callable[..., str] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -452,6 +541,11 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        key: str | Callable[..., str] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -461,6 +555,13 @@ class App:
         ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
         seconds an attempt may run (then it fails and is retried).  ``lease``: the
         worker running this task holds leases of at least this many seconds.
+        ``retry_on``: the exception classes that are retried (default: every one);
+        ``no_retry_on``: those that end the job failed at once, which wins where both
+        match.  ``Retry`` and ``Fail`` raised by the task always mean what they say.
+        ``key``: every deferral's idempotency key, a format template over the arguments
+        (``"charge:{customer_id}:{month}"``) or a callable given them by name;
+        ``unique_for`` and ``on_conflict``: how long a key holds and what a conflict
+        gets (docs/tasks.md, "Unique jobs").
         """
         validate_queue(queue)
         _check_enqueue_options(queue, priority, None, max_attempts)
@@ -468,6 +569,11 @@ class App:
             raise ConfigError(f"task timeout must be positive, not {timeout!r}")
         if lease is not None and not lease > 0:
             raise ConfigError(f"task lease must be positive, not {lease!r}")
+        retry_classes = None if retry_on is None else _exception_classes("retry_on", retry_on)
+        no_retry_classes = _exception_classes("no_retry_on", no_retry_on)
+        check_unique(unique_for, on_conflict)
+        if key is not None and not (isinstance(key, str) or callable(key)):
+            raise ConfigError(f"task key must be a format string or a callable, not {key!r}")
 
         def register(f: Callable[..., Any], depth: int = 1) -> Task[Any]:
             # The decorated function's own namespace, for annotations naming its locals.
@@ -494,6 +600,11 @@ class App:
                 retry=retry,
                 timeout=timeout,
                 lease=lease,
+                retry_on=retry_classes,
+                no_retry_on=no_retry_classes,
+                key=key,
+                unique_for=unique_for,
+                on_conflict=on_conflict,
                 localns=localns,
             )
             self.tasks[task_name] = t
@@ -692,6 +803,24 @@ class App:
     def _settings_queue(self) -> AsyncQueue:
         # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
         return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+
+
+def _exception_classes(
+    what: str, given: type[BaseException] | Iterable[type[BaseException]]
+) -> tuple[type[BaseException], ...]:
+    """``retry_on`` / ``no_retry_on`` as a tuple of Exception classes; ConfigError else."""
+    try:
+        classes = (given,) if isinstance(given, type) else tuple(given)
+    except TypeError:
+        raise ConfigError(f"{what} takes Exception classes, not {given!r}") from None
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, Exception)):
+            raise ConfigError(f"{what} takes Exception classes, not {c!r}")
+        if issubclass(c, Retry | Fail):
+            raise ConfigError(
+                f"{what} cannot name {c.__name__}: a task that raises it is always obeyed"
+            )
+    return classes
 
 
 def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:

@@ -17,9 +17,9 @@ A *chain* is one claim-and-write path: a writer, its connection, its own claim c
 and the jobs it claimed, which it alone completes.  Its client work (Python, the
 driver) and its server work run one after the other, so one chain keeps at most one
 core busy at a time; with two chains, one's server time overlaps the other's Python,
-and short jobs drain 1.2-1.3x faster in one process (docs/architecture.md, "What
-bounds one process").  The handler pool, heartbeats, liveness mark, listener and
-upkeep stay one per worker.
+and short jobs drain 1.2-1.3x faster in one process
+(docs/decisions/0012-two-chains-per-worker.md).  The handler pool, heartbeats,
+liveness mark, listener and upkeep stay one per worker.
 
 Nothing here holds a transaction open while a handler runs: the claim commits, the
 lease is the only claim a worker keeps, and the lease token guards every write.
@@ -45,7 +45,8 @@ from psycopg import sql
 from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
 from ._errors import SkiplockError
-from ._handlers import Handler, HandlerPool, Outcome, RunTime, run_handler
+from ._handlers import VANISHED, Handler, HandlerPool, Outcome, RunTime, run_handler
+from ._health import DEFAULT_HOST, DEFAULT_STALL
 from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import FenceResult
@@ -136,7 +137,7 @@ class Worker(WorkerBase):
         On by default: a completion the worker was told had committed survives a
         server crash.  ``False`` (the worker's own connections only; enqueues stay
         synchronous) returns each commit before its WAL is written, about 1.3-1.8x the
-        drain rate of no-op jobs (bench/commit_modes.py), at a cost: a crash of the
+        drain rate of no-op jobs (bench/results/2026-12-03-issue-11.md), at a cost: a crash of the
         server takes back claims, heartbeats and *completions* acknowledged in the
         last few hundred milliseconds, and those jobs run again (the chaos crash
         fault: 10 re-runs in 3 crashes at 60 jobs/s; none with the default).  Never
@@ -152,11 +153,11 @@ class Worker(WorkerBase):
     fuse_claims
         On by default.  The writer sends each batch of completions and a claim of the
         slots they free in one transaction, pipelined: one round trip and one commit
-        flush where there are two (docs/architecture.md, "Storage, second round",
-        candidate C), about 1.1-1.2x the drain rate of short jobs.  Each statement is
-        unchanged, so are the fence and the claim; the claim loop still claims when
-        the writer has nothing to write.  ``False`` completes and claims in
-        transactions of their own (``skiplock worker --no-fuse-claims``).
+        flush where there are two (docs/decisions/0002-fused-complete-and-claim.md),
+        about 1.1-1.2x the drain rate of short jobs.  Each statement is unchanged, so
+        are the fence and the claim; the claim loop still claims when the writer has
+        nothing to write.  ``False`` completes and claims in transactions of their own
+        (``skiplock worker --no-fuse-claims``).
     tasks
         Claim only jobs of these task names (``App.worker`` passes the app's tasks);
         None, the default, claims every job of the queues.  A job of a task the
@@ -169,6 +170,17 @@ class Worker(WorkerBase):
         keeps about one core busy; a second overlaps them, about 1.2-1.3x the drain rate
         of short jobs in one process, for one more connection
         (``skiplock worker --chains``; docs/architecture.md, "Two chains in one Worker").
+    health_port
+        Serve ``GET /livez`` and ``GET /readyz`` on this port while ``run()`` runs (0:
+        any free port, then ``worker.health.port``), on ``health_host`` (default
+        127.0.0.1; ``0.0.0.0`` in a container, where the kubelet probes the pod's IP).
+        /livez answers 503 when the claim loop, a writer, the heartbeat or the liveness
+        mark has been in one step (a statement, a batch) for longer than
+        ``health_stall`` seconds (default 60): a wedged worker.  An idle worker is live,
+        and so is one whose database refuses it (its calls fail and are retried).
+        /readyz answers 503 while the database cannot be reached, is read-only, or its
+        schema lacks a migration this code needs, and while the worker stops.  Each
+        answer is a small JSON document saying why (docs/deploy.md).
     """
 
     def __init__(
@@ -198,6 +210,9 @@ class Worker(WorkerBase):
         liveness: bool = True,
         fuse_claims: bool = True,
         chains: int | None = None,
+        health_port: int | None = None,
+        health_host: str = DEFAULT_HOST,
+        health_stall: float = DEFAULT_STALL,
     ) -> None:
         super().__init__(
             queue,
@@ -222,6 +237,9 @@ class Worker(WorkerBase):
             task_timeouts=task_timeouts,
             liveness=liveness,
             fuse_claims=fuse_claims,
+            health_port=health_port,
+            health_host=health_host,
+            health_stall=health_stall,
         )
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
@@ -229,6 +247,7 @@ class Worker(WorkerBase):
             _Chain(i, *share)
             for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
         ]
+        self._watch(len(self._chains), heartbeat=True)
         # The chain that claimed each job held, and writes its outcome.
         self._chain_of: dict[Attempt, _Chain] = {}
         self._q: Queue | None = None  # the claim loop's claims, sweeps, prunes, releases
@@ -250,6 +269,7 @@ class Worker(WorkerBase):
         self._writing: set[Attempt] = set()
         self._stopping = threading.Event()
         self._hard_stop = threading.Event()
+        self._give_up_writes = threading.Event()
         self._wake = threading.Event()
         self._inflight: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
@@ -277,6 +297,9 @@ class Worker(WorkerBase):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def _stop_asked(self) -> bool:
+        return self._stopping.is_set()
+
     def inflight(self) -> list[Job]:
         with self._inflight_lock:
             return list(self._inflight.values())
@@ -294,6 +317,11 @@ class Worker(WorkerBase):
         except psycopg.Error as exc:
             self._running = False
             raise unavailable(exc, s, "worker start") from None
+        try:
+            self._start_health()  # before any thread: a port in use stops nothing
+        except BaseException:
+            self._running = False
+            raise
         self._q = self._lane_queue("claims")
         for chain in self._chains:
             chain.wq = self._lane_queue("writes" if chain.index == 0 else f"writes {chain.index}")
@@ -333,7 +361,10 @@ class Worker(WorkerBase):
         try:
             self._claim_loop()
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._stop_health()
         return self.stats
 
     def start(self) -> threading.Thread:
@@ -374,10 +405,22 @@ class Worker(WorkerBase):
         assert self._q is not None and self._pool is not None
         self._upkeep_from(time.monotonic())
         trouble = Trouble(self.name, "claim")
+        steps = self._steps
         while not self._stopping.is_set():
+            # A turn's work is one step for /livez; its waits are not (steps.end).
+            steps.begin(self.CLAIM_LOOP)
             now = time.monotonic()
-            for job in self._pool.reap(now):
+            timed_out, vanished = self._pool.reap(now)
+            for job in timed_out:
                 self._result(job, self._timed_out(job, self.timeout_for(job)))
+            for job in vanished:
+                logger.error(
+                    "worker %s: the handler thread of job %s ended without an outcome; "
+                    "its attempt fails and a new thread takes the slot",
+                    self.name,
+                    job.id,
+                )
+                self._result(job, VANISHED)
             if self._sweep_due(now):
                 self._sweep()
             if self._prune_due(now):
@@ -390,11 +433,13 @@ class Worker(WorkerBase):
             except _DB_ERRORS as exc:
                 failures = trouble.failed(exc)
                 self.stats.add(db_errors=1)
+                steps.end(self.CLAIM_LOOP)
                 self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
                 continue
             if self._say_waiting(now):
                 continue  # claim again now that producers notify us
             self._wait_for_work()
+        steps.end(self.CLAIM_LOOP)
 
     def _say_waiting(self, now: float) -> bool:
         """Write a change of ``waiting`` to our row; True if we turned to waiting."""
@@ -418,6 +463,7 @@ class Worker(WorkerBase):
         if any(self._refill_due(chain) for chain in self._chains):
             return  # more work is waiting and a batch fits: claim again at once
         now = time.monotonic()
+        self._steps.end(self.CLAIM_LOOP)
         self._wake.wait(self._until_upkeep(self._look_again_in(timeout, now), now))
         self._wake.clear()
 
@@ -483,7 +529,8 @@ class Worker(WorkerBase):
 
         A step moves up to 2,000 finished jobs (10-30 ms), and after a burst a call takes
         several in a row: on the claim loop, no claim went out meanwhile (300-450 ms of
-        steps were sampled inside one burst; bench/README.md, "The held burst").
+        steps were sampled inside one burst;
+        bench/results/2026-12-04-held-burst-and-full-run-on-0009.md).
         """
         assert self._uq is not None
         while True:
@@ -548,6 +595,7 @@ class Worker(WorkerBase):
         pending: list[tuple[Job, Outcome]] = []
         results = chain.results
         trouble = Trouble(self.name, "writing results")
+        loop = self._writer_loop_name(chain.index)
         while True:
             failures = trouble.failures
             timeout = backoff(max(failures, 1), base=0.05, cap=self._retry_cap) if pending else 1.0
@@ -566,8 +614,9 @@ class Worker(WorkerBase):
             if stop and not pending:
                 return
             if stop:
-                # Writes still owed: keep trying until the hard stop.
-                if self._hard_stop.is_set():
+                # Writes still owed: keep trying until the hard stop, or until the
+                # shutdown gives up on them (a writer must not outlive run()).
+                if self._hard_stop.is_set() or self._give_up_writes.is_set():
                     logger.warning(
                         "worker %s: %d result(s) unwritten at exit", self.name, len(pending)
                     )
@@ -579,7 +628,8 @@ class Worker(WorkerBase):
                 try:
                     # A batch written again after a failed call may have committed
                     # unseen: the retry must recheck, or it reports "lease lost".
-                    self._write(pending, chain, recheck=failures > 0)
+                    with self._steps.step(loop):
+                        self._write(pending, chain, recheck=failures > 0)
                     pending = []
                     trouble.ok()
                 except Exception as exc:
@@ -660,7 +710,9 @@ class Worker(WorkerBase):
                 return
             if time.monotonic() < next_beat and not self.inflight():
                 continue
-            if self._heartbeat(trouble):
+            with self._steps.step(self.HEARTBEAT):
+                beat = self._heartbeat(trouble)
+            if beat:
                 next_beat = time.monotonic() + self.heartbeat_interval
             else:
                 next_beat = time.monotonic() + backoff(
@@ -675,7 +727,8 @@ class Worker(WorkerBase):
         try:
             while not self._beats_done.is_set():
                 try:
-                    n = live.step()
+                    with self._steps.step(self.MARK):
+                        n = live.step()
                     trouble.ok()
                 except _DB_ERRORS as exc:
                     trouble.failed(exc, "trying again")
@@ -692,6 +745,12 @@ class Worker(WorkerBase):
         """One beat for every job held; False if it did not reach the server."""
         assert self._hq is not None
         jobs = self.inflight()  # _ops.fenced puts them in id order, as every write
+        if self._pool is not None and jobs:
+            # A job is kept alive only while something runs it: a handler thread that
+            # is gone without an outcome must not hold its job's lease (the claim loop
+            # fails the attempt at its next turn).
+            dead = self._pool.dead()
+            jobs = [j for j in jobs if j.attempt not in dead] if dead else jobs
         if not jobs:
             return True
         sent = time.monotonic()
@@ -791,14 +850,25 @@ class Worker(WorkerBase):
             chain.results.put(None)
         self._stopping.set()
         self._upkeep_wanted.set()
+        end = time.monotonic() + max(grace, 1.0) + 5.0
         for writer in self._writers:
-            writer.join(timeout=max(grace, 1.0) + 5.0)
+            writer.join(timeout=max(0.0, end - time.monotonic()))
+        # Outcomes no write could deliver in that time are given up (logged by their
+        # writer): those jobs run again once their leases run out, as for a handler
+        # abandoned at the grace.  Nothing of this worker may run on after run().
+        self._give_up_writes.set()
+        for writer in self._writers:
+            writer.join(timeout=10.0)
+            if writer.is_alive():
+                logger.error("worker %s: %s did not stop", self.name, writer.name)
         # Leases are kept while the writers still owed results; now they can go.
         self._beats_done.set()
         self._beat_now.set()
         self._mark_now.set()
         for t in self._threads:
             t.join(timeout=max(grace, 1.0) + 5.0)
+            if t.is_alive():
+                logger.error("worker %s: %s did not stop", self.name, t.name)
         self._pool.shutdown()
         try:
             self._q.unregister_worker(self.name)

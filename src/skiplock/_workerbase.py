@@ -26,6 +26,7 @@ from ._control import error_line
 from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import CANCELLED, Handler, Outcome
+from ._health import DEFAULT_HOST, DEFAULT_STALL, HealthServer, Steps
 from ._job import Attempt, Job
 from ._liveness import Liveness
 from ._ops import ClaimPosition, FenceResult
@@ -272,6 +273,9 @@ class WorkerBase:
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
         fuse_claims: bool = True,
+        health_port: int | None = None,
+        health_host: str = DEFAULT_HOST,
+        health_stall: float = DEFAULT_STALL,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -294,6 +298,21 @@ class WorkerBase:
             raise ConfigError("heartbeat interval must be shorter than the lease")
         if job_timeout is not None and not job_timeout > 0:
             raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
+        if health_port is not None and not (
+            isinstance(health_port, int) and 0 <= health_port <= 65535
+        ):
+            raise ConfigError(f"health_port must be a port number (0-65535), not {health_port!r}")
+        if not health_stall > 0:
+            raise ConfigError(f"health_stall must be positive, not {health_stall!r}")
+        self.health_port = health_port
+        self.health_host = health_host
+        self.health_stall = float(health_stall)
+        # A socket already listening to serve health on (a --processes child's, made by
+        # the supervisor), instead of binding health_host:health_port.
+        self._health_socket: socket.socket | None = None
+        self.health: HealthServer | None = None  # while run() runs with a health_port
+        # The step each loop is in, for /livez; each worker names its loops (_watch).
+        self._steps = Steps(())
         self.periodic = check_periodic(periodic)
         # The tasks this worker can run (None: every job of its queues).  Its claims take
         # only those, so a job of a task it does not know waits for a worker that does.
@@ -389,6 +408,51 @@ class WorkerBase:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+    # -- health: /livez and /readyz (_health.py) ----------------------------------------
+
+    CLAIM_LOOP, HEARTBEAT, MARK = "claim loop", "heartbeat", "liveness mark"
+
+    @staticmethod
+    def _writer_loop_name(index: int) -> str:
+        return "writer" if index == 0 else f"writer {index}"
+
+    def _watch(self, chains: int, heartbeat: bool) -> None:
+        """Name the loops whose steps /livez watches: the claim loop, a writer per chain,
+        the heartbeat (its own loop in Worker, the first writer's in AsyncWorker) and
+        the liveness mark."""
+        loops = [self.CLAIM_LOOP, *(self._writer_loop_name(i) for i in range(chains))]
+        if heartbeat:
+            loops.append(self.HEARTBEAT)
+        self._steps = Steps([*loops, self.MARK])
+
+    def _stuck(self, now: float) -> dict[str, float]:
+        """The loops stuck in one step for longer than ``health_stall``: their step's age."""
+        return self._steps.stuck(now, self.health_stall)
+
+    def _stop_asked(self) -> bool:
+        raise NotImplementedError
+
+    def _start_health(self) -> HealthServer | None:
+        """Serve /livez and /readyz if asked to (ConfigError when the port is taken)."""
+        if self.health_port is None:
+            return None
+        self.health = HealthServer(
+            name=self.name,
+            settings=self._settings,
+            stuck=self._stuck,
+            stopping=self._stop_asked,
+            host=self.health_host,
+            port=self.health_port,
+            stall=self.health_stall,
+            sock=self._health_socket,
+        )
+        return self.health
+
+    def _stop_health(self) -> None:
+        if self.health is not None:
+            self.health.close()
+            self.health = None
 
     # -- events --------------------------------------------------------------------------
 
@@ -585,8 +649,8 @@ class WorkerBase:
     # of short jobs is claimed and completed for about the cost of one job.  Measured:
     # 20,000 no-op jobs at concurrency 8 drained 1.4x faster with 64 than with 16; once
     # migration 0012 stopped the claim from planning at every call, 40,000 drained
-    # 1.3x faster with 256 than with 64 (bench/README.md, "Figures of issue 19, the
-    # pick's plan kept"), and no faster with 512.  At concurrency 8 only jobs shorter
+    # 1.3x faster with 256 than with 64 (bench/results/2026-12-05-pick-plan-kept.md),
+    # and no faster with 512.  At concurrency 8 only jobs shorter
     # than a 32nd of a claim's round trip go that deep (see adaptive_prefetch).
     PREFETCH_BATCH = 256
 
@@ -682,7 +746,7 @@ class WorkerBase:
     # their day can wait, the jobs cannot: a step (up to 2,000 jobs moved, 10-30 ms)
     # holds a server process and adds its WAL to the flush every commit waits for: a
     # million-job backlog moved flat out held a drain beside it to 0.74-0.78 of a fresh
-    # table's pace, 0.81-0.87 paced (bench/README.md, "The upkeep paced").  At a quarter
+    # table's pace, 0.81-0.87 paced (bench/results/2026-12-05-upkeep-paced.md).  At a quarter
     # a busy worker still moves at least about 16,000 jobs a second (2,000 a step of at
     # most 30 ms, one every 120 ms), more than one process finishes; an idle worker
     # moves flat out.

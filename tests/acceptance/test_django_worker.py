@@ -134,3 +134,70 @@ def test_sigterm_lets_the_running_task_finish_and_exits_0(
     result.refresh()
     assert (result.status, result.return_value) == ("SUCCESSFUL", "woke")
     assert "SIGTERM: finishing running tasks" in worker.output()
+
+
+def test_a_task_that_exits_fails_and_the_worker_goes_on(worker: WorkerProcess) -> None:
+    from testproj.tasks import add, bye, interrupt
+
+    # Two threads, two tasks that end them: a worker they could wedge would not run `add`.
+    exits = [bye.enqueue(3), interrupt.enqueue()]
+    after = add.enqueue(1, 2)
+    wait_until(finished(after), what=f"the job after the exits\n{worker.output()}")
+    assert after.return_value == 3
+    for result, cls in zip(exits, (SystemExit, KeyboardInterrupt), strict=True):
+        wait_until(finished(result), what=f"{cls.__name__} to fail\n{worker.output()}")
+        assert (result.status, result.attempts) == ("FAILED", 1)
+        assert result.errors[0].exception_class is cls
+    assert worker.proc.poll() is None  # the worker still runs
+    log = worker.output()
+    assert f"ERROR django.tasks: Task id={exits[0].id} path=testproj.tasks.bye state=FAILED" in log
+
+
+def test_before_migrating_the_worker_stops_with_the_command_to_run(dsn: str, queue: Queue) -> None:
+    unmigrated = f"{queue.schema}_none"  # never created
+    done = subprocess.run(
+        [sys.executable, "manage.py", "skiplock_worker"],
+        cwd=PROJECT,
+        env=project_env(dsn, unmigrated),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert (
+        f"skiplock schema '{unmigrated}' is missing or not migrated; "
+        "run `python manage.py skiplock_migrate`" in done.stderr
+    ), done.stderr
+    assert "claim failed" not in done.stderr  # stopped, not retried
+
+
+def test_under_debug_each_log_line_is_printed_once(dsn: str, queue: Queue, tmp_path: Path) -> None:
+    from testproj.tasks import add
+
+    with using_schema(queue.schema):
+        result = add.enqueue(5, 6)
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "skiplock_worker", "--concurrency", "1"],
+            cwd=PROJECT,
+            env={**project_env(dsn, queue.schema), "SKIPLOCK_DJANGO_DEBUG": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            done = f"Task id={result.id} path=testproj.tasks.add state=SUCCESSFUL"
+            wait_until(
+                lambda: done in log.read_text(), what=f"the task's log line\n{log.read_text()}"
+            )
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    text = log.read_text()
+    # Django's DEBUG console prints django.* records; the worker's handler does not repeat them.
+    assert text.count(done) == 1, text
+    assert text.count("worker ") >= 1 and text.count(" stopped: ") == 1, text

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from skiplock import ConfigError, Job, LeaseLost, Queue, Retry, Worker
+from skiplock import ConfigError, DuplicateJob, Job, LeaseLost, Queue, Retry, Worker
 from skiplock._roles import default_role_names, ensure_roles, roles_script
 from skiplock.cli import main
 
@@ -289,6 +289,11 @@ def test_producer_enqueues_every_way_and_notifies(
     keyed = pq.enqueue({"n": 2}, idempotency_key="k1")
     assert pq.enqueue({"n": 2}, idempotency_key="k1") == keyed  # dedup reads id and key
     many = pq.enqueue_many([{"n": i} for i in range(3, 6)])
+    # Unique jobs (migration 0017): the holder's payload is compared, replaced, and a
+    # lapsed key passed on, all through enqueue_keyed, which the producer may execute.
+    with pytest.raises(DuplicateJob, match=f"held by job {keyed}"):
+        pq.enqueue({"n": 3}, idempotency_key="k1")
+    assert pq.enqueue({"n": 6}, idempotency_key="k1", on_conflict="replace") == keyed
     keyed_many = pq.enqueue_many([{"n": 6}, {"n": 7}], idempotency_keys=["k1", "k2"])
     assert keyed_many[0] == keyed
     later = pq.enqueue_many([{"n": 8}], run_at=datetime.now(UTC) + timedelta(hours=1))

@@ -139,6 +139,31 @@ def test_rerun_after_a_restart_is_named_but_not_allowed_by_default() -> None:
     assert relaxed.valid
 
 
+def test_a_timed_out_attempt_an_outage_kept_from_its_write_reran_as_allowed() -> None:
+    """Issue 38's 600-second run: the handler timed out while `maxconn` cut the worker's
+    connections, the hand-back never committed, the lease ran out, the job ran again."""
+    recs = enq(0, "x") + run("x", "a", 1, pid=7, end="timed_out") + [fault(1.5, "maxconn")]
+    recs += run("x", "b", 4, pid=8, att=2)
+    res = check(recs, [row("x", tok="b")])
+    assert res.valid, res.problems
+    assert res.causes() == {"unwritten": 1}
+
+
+def test_a_timed_out_attempt_rerun_with_no_outage_is_still_invalid() -> None:
+    recs = enq(0, "x") + run("x", "a", 1, pid=7, end="timed_out")
+    recs += run("x", "b", 4, pid=8, att=2)
+    res = check(recs, [row("x", tok="b")])
+    assert not res.valid
+    assert res.causes() == {"none": 1}
+
+
+def test_a_running_attempt_cut_off_by_an_outage_is_named_for_the_outage() -> None:
+    recs = enq(0, "x") + run("x", "a", 1, pid=7, end="") + [fault(1.5, "maxconn")]
+    recs += run("x", "b", 4, pid=8, att=2)
+    res = check(recs, [row("x", tok="b")])
+    assert res.causes() == {"maxconn": 1} and not res.valid
+
+
 def test_paused_holder_rejected_late_counts_lease_lost_and_the_rerun_is_allowed() -> None:
     recs = enq(0, "x") + run("x", "a", 1, pid=7, end="") + [fault(1.2, "pause", 7)]
     recs += run("x", "b", 4, pid=8, att=2)

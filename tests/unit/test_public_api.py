@@ -12,6 +12,7 @@ PUBLIC = {
     "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "Job",
     "JobCancelled",
@@ -49,6 +50,7 @@ def test_errors_share_a_base() -> None:
     for name in (
         "ConfigError",
         "DatabaseUnavailable",
+        "DuplicateJob",
         "LeaseLost",
         "PayloadError",
         "JobFailed",
@@ -71,6 +73,8 @@ TOOL_MODULES = {
         "server_dsn",
     },
     "skiplock.sqlfiles": {"Statements", "load_named", "parse_named", "statements"},
+    "skiplock.schema": {"latest_migration", "schema_version", "validate_schema"},
+    "skiplock.results": {"DEFAULT_MAX_RESULT_BYTES", "Encoded", "encode_result"},
     "skiplock.cli": {"main"},
     "skiplock.cli.common": {
         "dsn_option",

@@ -19,10 +19,8 @@ from skiplock._sql import statements
 
 # Who runs each named statement of queries.sql.  A new statement must be placed here.
 PRODUCER = {
-    "enqueue",
+    "enqueue_keyed",
     "enqueue_plain",
-    "enqueue_rows",
-    "find_by_keys",
     "enqueued_ids",
     "enqueue_one",
     "reserve_ids",
@@ -188,13 +186,19 @@ def test_producer_select_grant_is_exactly_what_enqueue_reads() -> None:
     assert "payload" not in read
 
 
-def test_producer_reads_and_writes_keys_and_nothing_else_does() -> None:
-    """Dedup lives in job_keys (migration 0009): the producer inserts a key and reads
-    the job a repeated key names; a worker never touches it."""
-    assert {r.relname for r in walk(parsed("find_by_keys")) if isinstance(r, ast.RangeVar)} == {
-        "job_keys"
-    }
-    assert grants("job_keys") == {("producer", "select"): {"*"}, ("producer", "insert"): {"*"}}
+def test_producer_reaches_keys_only_through_enqueue_keyed() -> None:
+    """Dedup lives in job_keys (migration 0009) and is decided by enqueue_keyed
+    (migration 0017), a SECURITY DEFINER function: the producer may execute it and has
+    no grant on job_keys itself; a worker never touches either."""
+    tables = {r.relname for r in walk(parsed("enqueue_keyed")) if isinstance(r, ast.RangeVar)}
+    assert tables == set()  # a function call, no table of its own
+    assert grants("job_keys") == {}
+    executes = [
+        (title, stmt.as_string(None))
+        for title, stmt in plan_roles("s", producer="p", worker="w").statements
+        if "enqueue_keyed" in stmt.as_string(None)
+    ]
+    assert [("producer" in t, "GRANT EXECUTE" in x) for t, x in executes] == [(True, True)]
 
 
 @pytest.mark.parametrize("schema", ["skiplock", "Mixed_Case"])

@@ -1,4 +1,4 @@
--- The prototype storage of docs/architecture.md, "Storage, second round: design", for the
+-- The prototype of the five-table storage design (docs/decisions/0001-*.md), for the
 -- bench only (python -m skiplock_bench.proto): no migration, no Python API.  {schema} is
 -- the prototype's own schema; {part}, where it appears, one partition of a table, and
 -- {n} a partition's bound; all filled in through psycopg.sql (Identifier / Literal).

@@ -19,8 +19,9 @@ __all__ = ["chaos"]
 def _faults(value: str) -> tuple[str, ...]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     if names == ["all"]:
-        # failover needs a primary and standby of its own, the rest a single server.
-        return tuple(f for f in FAULTS if f != "failover")
+        # failover needs a primary and standby of its own, patroni a Patroni cluster of
+        # its own, the rest a single server.
+        return tuple(f for f in FAULTS if f not in ("failover", "patroni"))
     if names == ["none"]:
         return ()
     unknown = [n for n in names if n not in FAULTS]
@@ -133,7 +134,9 @@ def _triple(j: dict[str, Any]) -> str:
     default="kill,pause,terminate,proxy",
     show_default=True,
     help=f"Comma-separated, from {','.join(FAULTS)}; or 'all' or 'none'. "
-    "restart, crash, exhaust, maxconn and readonly start a scratch cluster.",
+    "restart, crash, exhaust, maxconn and readonly start a scratch cluster; failover a "
+    "primary and standby; patroni etcd and two Patroni nodes (apt-get install patroni "
+    "etcd-server).",
 )
 @click.option("--lease", default=2.0, show_default=True, help="Workers' lease in seconds.")
 @click.option("--concurrency", default=4, show_default=True, help="Handlers per worker.")

@@ -27,6 +27,7 @@ from psycopg import sql
 
 from ._cluster import ScratchCluster
 from ._history import HistoryWriter
+from ._patroni import ACTIONS, PatroniCluster
 from ._proxy import ChaosProxy
 from ._replicated import ReplicatedCluster
 
@@ -54,6 +55,7 @@ REPEATED = (
     "readonly",
     "proxy",
     "failover",
+    "patroni",
 )
 HELD = ("handlers", "exhaust", "longtx")
 FAULTS = REPEATED + HELD
@@ -61,6 +63,8 @@ FAULTS = REPEATED + HELD
 SCRATCH_ONLY = ("restart", "crash", "exhaust", "maxconn", "readonly")
 # Done to a primary and standby the run starts itself (ReplicatedCluster).
 REPLICATED_ONLY = ("failover",)
+# Done to etcd and Patroni-managed nodes the run starts itself (PatroniCluster).
+PATRONI_ONLY = ("patroni",)
 
 
 def wait_until(
@@ -113,6 +117,7 @@ class FaultContext:
     proxy: ChaosProxy | None = None
     cluster: ScratchCluster | None = None
     replicated: ReplicatedCluster | None = None
+    patroni: PatroniCluster | None = None
     rng: random.Random = field(default_factory=random.Random)
     stop: threading.Event = field(default_factory=threading.Event)
     markers: int = 0
@@ -347,6 +352,26 @@ def failover(ctx: FaultContext) -> bool:
     return True
 
 
+def patroni(ctx: FaultContext) -> bool:
+    """One Patroni fault under load, the next of ``ACTIONS`` each time: a planned
+    switchover, a SIGKILL of the leader's postmaster, a stop of the leader's Patroni,
+    a demotion that leaves the old leader up read-only.  Patroni decides the rest."""
+    if ctx.patroni is None:
+        raise RuntimeError("patroni needs the run's own Patroni cluster")
+    if not ctx.holders():
+        return False  # wait until jobs are running: the fault should cut them
+    action = ACTIONS[len(ctx.patroni.done) % len(ACTIONS)]
+    with ctx._lock:
+        if ctx._conn is not None:
+            with contextlib.suppress(Exception):
+                ctx._conn.close()
+            ctx._conn = None
+    t, back = ctx.patroni.act(action)
+    ctx.record("patroni", t=t, action=action, back=back, down=round(back - t, 3))
+    _markers(ctx, "patroni")
+    return True
+
+
 def maxconn(ctx: FaultContext) -> bool:
     """Take every connection slot of the scratch cluster, cut a third of the workers'
     connections, and keep the slots full for a while: those workers must wait for a
@@ -448,6 +473,7 @@ _INJECTORS: dict[str, Callable[[FaultContext], bool]] = {
     "readonly": readonly,
     "proxy": proxy,
     "failover": failover,
+    "patroni": patroni,
 }
 
 

@@ -44,14 +44,27 @@ Record = dict[str, Any]
 # doing its work, not a bug.  So does a job whose claim, heartbeat or completion a
 # server crash took back (counted apart as ``reexecuted_after_crash``).  Anything else
 # that runs a job twice is reported as invalid.
-ALLOWED_CAUSES = frozenset({"killed", "paused", "crash"})
+# "unwritten": the holder had its attempt's outcome (a timeout, say) but an outage kept
+# it from writing it until the lease ran out, so the job ran again: the documented
+# at-least-once rerun of an outcome that never reached the database.
+ALLOWED_CAUSES = frozenset({"killed", "paused", "crash", "unwritten"})
 
 # Attempt endings that hand the job back through a committed fenced write: the next
 # attempt is a retry, not a duplicate.
 _HANDED_BACK = frozenset({"retried"})
 _ENDINGS = frozenset({"completed", "retried", "failed", "released", "timed_out", "lease_lost"})
 # Faults that take the database or the path to it away from a living worker.
-_OUTAGES = ("failover", "crash", "restart", "maxconn", "readonly", "exhaust", "proxy", "terminate")
+_OUTAGES = (
+    "failover",
+    "patroni",
+    "crash",
+    "restart",
+    "maxconn",
+    "readonly",
+    "exhaust",
+    "proxy",
+    "terminate",
+)
 
 
 class HistoryWriter:
@@ -344,7 +357,7 @@ def check(
     res.recovery_seconds = [_recovery(k, attempts, by_value) for k in kills]
     res.throughput = _throughput(phases, completions)
     for f in faults:
-        if f.get("f") in ("restart", "crash", "failover"):
+        if f.get("f") in ("restart", "crash", "failover", "patroni"):
             first, every = _back_to_claim(f, claims)
             res.back_to_claim.append(first)
             res.back_to_claim_all.append(every)
@@ -449,6 +462,11 @@ def _cause(prev: _Attempt, before: float, faults: list[Record]) -> str:
                 return "paused"
     lo = prev.first_t - 10.0
     seen = {str(f["f"]) for f in faults if f.get("f") in _OUTAGES and lo <= float(f["t"]) <= before}
+    # The holder ended the attempt itself (its timeout is recorded) and no hand-back
+    # committed: it owed a write that an outage in the window kept from the server.
+    ended = [et for et, ev in prev.events if ev == "timed_out" and et <= before]
+    if ended and seen and not prev.has(*_HANDED_BACK):
+        return "unwritten"
     # The biggest outage in the window is named when several overlap.
     return next((name for name in _OUTAGES if name in seen), "none")
 

@@ -29,6 +29,7 @@ from skiplock import ConfigError, DatabaseUnavailable, Queue, SkiplockError, Wor
 
 from ._faults import (
     FAULTS,
+    PATRONI_ONLY,
     REPEATED,
     REPLICATED_ONLY,
     SCRATCH_ONLY,
@@ -43,6 +44,7 @@ from ._faults import (
 )
 from ._fleet import ProcessFleet
 from ._history import ALLOWED_CAUSES, CheckResult, HistoryWriter, check, load_history
+from ._patroni import PatroniCluster
 from ._proxy import ChaosProxy, proxied_dsn, upstream_of
 from ._replicated import ReplicatedCluster
 
@@ -122,6 +124,14 @@ class ChaosConfig:
                 "failover runs on a primary and standby the run starts itself: drop --dsn, "
                 "and do not combine it with restart, crash, exhaust, maxconn or readonly"
             )
+        if self.needs_patroni and (
+            self.dsn is not None or self.needs_scratch or self.needs_replicas
+        ):
+            raise ConfigError(
+                "patroni runs on etcd and Patroni nodes the run starts itself: drop --dsn, "
+                "and do not combine it with failover, restart, crash, exhaust, maxconn or "
+                "readonly"
+            )
         if self.needs_scratch and self.dsn is not None:
             raise ConfigError(
                 "restart, crash, exhaust, maxconn and readonly run on a scratch cluster the run "
@@ -132,6 +142,10 @@ class ChaosConfig:
     @property
     def needs_scratch(self) -> bool:
         return any(f in self.faults for f in SCRATCH_ONLY)
+
+    @property
+    def needs_patroni(self) -> bool:
+        return any(f in self.faults for f in PATRONI_ONLY)
 
     @property
     def needs_replicas(self) -> bool:
@@ -354,6 +368,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
 
     cluster: ScratchCluster | None = None
     replicated: ReplicatedCluster | None = None
+    patroni: PatroniCluster | None = None
     tmp = Path(cfg.keep_history or tempfile.mkdtemp(prefix="skiplock-chaos-history-"))
     tmp.mkdir(parents=True, exist_ok=True)
     hist_dir = tmp / run.run_id if cfg.keep_history else tmp
@@ -363,7 +378,11 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
     fleet: ProcessFleet | None = None
     ctx: FaultContext | None = None
     try:
-        if cfg.needs_replicas:
+        if cfg.needs_patroni:
+            patroni = PatroniCluster()
+            run.progress("starting etcd and two Patroni nodes (synchronous_mode)")
+            run.dsn = patroni.start()
+        elif cfg.needs_replicas:
             replicated = ReplicatedCluster(sync=cfg.sync_replication)
             mode = "synchronous" if cfg.sync_replication else "asynchronous"
             run.progress(f"starting a primary and a standby ({mode} replication)")
@@ -409,6 +428,7 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             proxy=proxy,
             cluster=cluster,
             replicated=replicated,
+            patroni=patroni,
             rng=random.Random(run.rng.random()),
         )
         report = _drive(run, fleet, ctx)
@@ -429,6 +449,8 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
             cluster.stop()
         if replicated is not None:
             replicated.stop()
+        if patroni is not None:
+            patroni.stop()
         if not cfg.keep_history:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -158,7 +158,8 @@ def _run_at(delay: float | None, text: str | None) -> datetime | None:
     "--key",
     "idempotency_key",
     default=None,
-    help="Idempotency key: a repeat returns the first job's id.",
+    help="Idempotency key: a repeat with the same payload returns the first job's id; "
+    "another payload is an error naming that job.",
 )
 @click.option(
     "--max-payload-bytes",

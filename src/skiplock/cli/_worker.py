@@ -138,6 +138,28 @@ def _periodic_specs(
     help="Seconds between the status queries behind the per-queue gauges.",
 )
 @click.option(
+    "--health-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve GET /livez and /readyz on this port (0: any free port): 503 when the "
+    "worker is wedged, or its database unreachable or unmigrated (docs/deploy.md).",
+)
+@click.option(
+    "--health-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address for --health-port; 0.0.0.0 in a container, where the kubelet probes "
+    "the pod's IP.",
+)
+@click.option(
+    "--health-stall",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the claim loop, a writer or the heartbeat may spend in one step "
+    "before /livez fails.",
+)
+@click.option(
     "--grace",
     "shutdown_grace",
     default=30.0,
@@ -371,6 +393,9 @@ def run_worker(**params: Any) -> int:
             "chains": params["chains"],
             "shutdown_grace": params["shutdown_grace"],
             "retention": params["retention"],
+            "health_port": params["health_port"],
+            "health_host": params["health_host"],
+            "health_stall": params["health_stall"],
             "on_event": None if metrics is None else metrics.on_event,
             "on_measure": None if metrics is None else metrics.on_measure,
         }
@@ -385,6 +410,12 @@ def run_worker(**params: Any) -> int:
             )
         else:
             w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
+        if params.get("health_fd") is not None:
+            # A --processes child: it serves on the socket its supervisor made and
+            # asks (_supervise.py), not on a port of its own.
+            import socket
+
+            w._health_socket = socket.socket(fileno=params["health_fd"])
         w.handle_signals()
         stats = w.run()
     finally:

@@ -294,25 +294,19 @@ WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
   AND j.locked_until < now()
 RETURNING j.id, j.status;
 
--- name: enqueue
--- With an idempotency key.  The primary key of job_keys decides dedup (migration 0009:
--- a unique index on the partitioned jobs could not span its partitions): the key's row
--- goes in first, taking the job's id, and the job only if the key did.  A duplicate
--- returns no row and the caller looks the existing id up in a new statement.
-WITH k AS (
-    INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
-    VALUES (%(queue)s, %(idempotency_key)s,
-            nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')))
-    ON CONFLICT DO NOTHING
-    RETURNING job_id
-)
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
-                           task, meta)
-SELECT k.job_id, %(queue)s, %(payload)s::jsonb, %(priority)s,
-       coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(idempotency_key)s,
-       %(task)s, %(meta)s::jsonb
-FROM k
-RETURNING id;
+-- name: enqueue_keyed
+-- Jobs of which some or all have an idempotency key (a batch may mix them): the key's
+-- row in job_keys decides (migration 0009: a unique index on the partitioned jobs could
+-- not span its partitions), and `enqueue_keyed` (migration 0017) what a held key gets.
+-- Ids are reserved by the caller, so a retry after a lost reply can tell its own rows;
+-- `spare` reserves the id of a next single enqueue, as `enqueue_one` does.
+SELECT k.n, k.job_id AS id, k.outcome,
+       CASE WHEN %(spare)s::boolean THEN nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) END
+           AS spare
+FROM {schema}.enqueue_keyed(%(ids)s::bigint[], %(queue)s::text, %(payloads)s::text[],
+                            %(keys)s::text[], %(priority)s::integer, %(run_at)s::timestamptz,
+                            %(max_attempts)s::integer, %(task)s::text, %(meta)s::text,
+                            %(unique_for)s::float8, %(on_conflict)s::text, %(retry)s::boolean) AS k;
 
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
@@ -320,37 +314,6 @@ INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task,
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
         %(max_attempts)s, %(task)s, %(meta)s::jsonb)
 RETURNING id;
-
--- name: enqueue_rows
--- The keyed path of enqueue_many: same dedup as `enqueue`, for many rows at once.  Ids
--- come from `reserve_ids`, so the caller can tell which of its rows were inserted; a
--- key repeated inside one batch conflicts with its first row and is skipped.
-WITH r AS MATERIALIZED (
-    SELECT *
-    FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[],
-                %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
-                %(keys)s::text[])
-         AS r(id, queue, payload, priority, run_at, max_attempts, key)
-),
-k AS (
-    INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
-    SELECT r.queue, r.key, r.id FROM r WHERE r.key IS NOT NULL ORDER BY r.id
-    ON CONFLICT DO NOTHING
-    RETURNING job_id
-)
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
-                           task, meta)
-SELECT r.id, r.queue, r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts, r.key,
-       %(task)s, %(meta)s::jsonb
-FROM r
-WHERE r.key IS NULL OR r.id IN (SELECT job_id FROM k)
-ORDER BY r.id
-RETURNING id;
-
--- name: find_by_keys
-SELECT job_id AS id, queue, idempotency_key
-FROM {schema}.job_keys
-WHERE (queue, idempotency_key) IN (SELECT * FROM unnest(%(queues)s::text[], %(keys)s::text[]));
 
 -- name: reserve_ids
 -- Ids for a COPY are taken from the identity sequence first, so enqueue_many can

@@ -39,17 +39,20 @@ ALTER ROLE {role} PASSWORD {password};
 -- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
 -- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key, task, meta)
+GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, task, meta)
     ON {schema}.jobs TO {role};
 GRANT SELECT (id, queue, status, result, last_error, attempts, max_attempts)
     ON {schema}.jobs TO {role};
 GRANT UPDATE (notify_finish) ON {schema}.jobs TO {role};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
 -- A new job goes to the current generation, which the default of `part` reads from
--- jobs_gen; a keyed job's key goes in job_keys first (migration 0009), where the
--- producer also finds the job a repeated key names.
+-- jobs_gen.  A keyed job goes in through enqueue_keyed (migration 0017), a SECURITY
+-- DEFINER function: deciding what a held key gets compares the holder's payload and
+-- may update job_keys or a pending job's payload, none of which the producer may do
+-- itself (so it needs neither job_keys nor jobs.idempotency_key).
 GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
-GRANT SELECT, INSERT ON {schema}.job_keys TO {role};
+GRANT EXECUTE ON FUNCTION {schema}.enqueue_keyed(bigint[], text, text[], text[], integer,
+    timestamptz, integer, text, text, float8, text, boolean) TO {role};
 -- The enqueue trigger reads which workers wait for a notification (migration 0008),
 -- as the inserting role: the queues and the flag, not the workers' names.
 GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};

@@ -28,7 +28,8 @@ def database(dsn: str) -> dict[str, object]:
 
 
 SECRET_KEY = "skiplock-tests-only"
-DEBUG = False
+# SKIPLOCK_DJANGO_DEBUG=1: Django's LOGGING then prints django.* lines on its own console.
+DEBUG = os.environ.get("SKIPLOCK_DJANGO_DEBUG") == "1"
 USE_TZ = True
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS: list[str] = []

@@ -63,3 +63,33 @@ def hang(seconds: float, started: str | None = None) -> str:
         Path(started).touch()
     time.sleep(seconds)
     return "woke"
+
+
+@task
+def bye(code: int) -> None:
+    # What a task must not do to a worker: end it, or wedge the thread that ran it.
+    import sys
+
+    sys.exit(code)
+
+
+@task
+def interrupt() -> None:
+    raise KeyboardInterrupt("pressed inside the task")
+
+
+@task
+def unjsonable() -> object:
+    return {"callback": lambda: True}
+
+
+@task
+def wait_for(path: str) -> str:
+    # Runs until the test creates ``path``: the test decides when it ends, not a sleep.
+    import time
+    from pathlib import Path
+
+    Path(path + ".started").touch()
+    while not Path(path).exists():
+        time.sleep(0.01)
+    return "released"

@@ -15,6 +15,6 @@ Then ``python manage.py skiplock_migrate`` once and ``python manage.py skiplock_
 See docs/django.md.  This package is the only part of skiplock that imports Django.
 """
 
-from ._backend import SkiplockBackend
+from ._backend import SkiplockBackend, TaskArgumentsError
 
-__all__ = ["SkiplockBackend"]
+__all__ = ["SkiplockBackend", "TaskArgumentsError"]

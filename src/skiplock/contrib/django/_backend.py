@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from datetime import datetime
 from importlib import import_module
 from types import ModuleType
 from typing import Any
@@ -31,11 +32,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader, JsonLoader
 
 from skiplock import ConfigError, Job, PayloadError, Queue
+from skiplock.schema import validate_schema
 from skiplock.sqlfiles import statements
 
 __all__ = [
     "DEFAULT_OPTIONS",
+    "MIGRATE",
     "SkiplockBackend",
+    "TaskArgumentsError",
     "from_skiplock_priority",
     "resolve_tasks",
     "task_error",
@@ -104,6 +108,33 @@ def task_error(last_error: str) -> TaskError:
     return TaskError(exception_class_path="skiplock.JobFailed", traceback=last_error)
 
 
+MIGRATE = "`python manage.py skiplock_migrate`"
+
+
+def in_django(message: str) -> str:
+    """A skiplock message with the advice a Django user can follow: skiplock's own
+    errors say `skiplock migrate`, which needs a DSN the project already has."""
+    return message.replace("`skiplock migrate`", MIGRATE)
+
+
+def schema_problem(conn: psycopg.Connection[Any], schema: str, *, latest: bool) -> str | None:
+    """Why ``schema`` cannot serve yet, or None: not created, or (``latest``) behind
+    this skiplock's migrations.  Reads only the catalog and the migrations table, so
+    inside ``atomic()`` it never aborts the caller's transaction."""
+    from skiplock.schema import latest_migration, schema_version
+
+    have = schema_version(conn, schema)
+    want = latest_migration()
+    if have == 0:
+        return f"skiplock schema {schema!r} is missing or not migrated; run {MIGRATE}"
+    if latest and have < want:
+        return (
+            f"skiplock schema {schema!r} is at migration {have}, this skiplock needs {want}; "
+            f"run {MIGRATE}"
+        )
+    return None
+
+
 def database_dsn(alias: str) -> str:
     """A libpq connection string for Django database ``alias`` (the worker's own)."""
     params = connections[alias].get_connection_params()
@@ -113,6 +144,17 @@ def database_dsn(alias: str) -> str:
         if isinstance(v, str | int) and not isinstance(v, bool) and k != "client_encoding"
     }
     return make_conninfo("", **kept)
+
+
+class TaskArgumentsError(PayloadError, TypeError):
+    """A task's arguments cannot be stored as JSON.
+
+    Django's contract for ``enqueue`` is a TypeError ("Unsupported type", as
+    ``normalize_json`` raises); skiplock's is PayloadError (a ValueError).  This is both,
+    so a caller written against either catches it.  It lives here, not in skiplock's
+    core: making every PayloadError a TypeError would change what a plain skiplock
+    caller's ``except TypeError`` catches for a contract that is Django's only.
+    """
 
 
 class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyped
@@ -159,8 +201,24 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         self.dsn: str | None = opts["dsn"]
         self.task_paths: Sequence[str] | None = opts["tasks"]
         self._queue: Queue | None = None
+        self._schema_seen = False  # schema_problem() found none on this connection
 
     # -- configuration -------------------------------------------------------------------
+
+    def setting(self, key: str) -> str:
+        """The setting an OPTIONS error names, as the user wrote it."""
+        return f"TASKS[{self.alias!r}]['OPTIONS'][{key!r}]"
+
+    def options_problem(self) -> str | None:
+        """Why ``schema`` or ``max_attempts`` cannot be used, naming the setting, or None."""
+        try:
+            validate_schema(self.schema)
+        except ConfigError as exc:
+            return f"{self.setting('schema')}: {exc}"
+        ma = self.max_attempts
+        if type(ma) is not int or ma < 1:
+            return f"{self.setting('max_attempts')} must be a positive integer, not {ma!r}"
+        return None
 
     def database_problem(self) -> str | None:
         """Why the configured database cannot hold jobs, or None."""
@@ -190,20 +248,14 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
                     id="skiplock.E001",
                 )
             )
-        ma = self.max_attempts
-        if type(ma) is not int or ma < 1:
-            problems.append(
-                checks.Error(
-                    f"Task backend {self.alias!r}: max_attempts must be a positive integer, "
-                    f"not {ma!r}.",
-                    id="skiplock.E002",
-                )
-            )
+        problem = self.options_problem()
+        if problem is not None:
+            problems.append(checks.Error(f"{problem}.", id="skiplock.E002"))
         problem = task_paths_problem(self.task_paths)
         if problem is not None:
             problems.append(
                 checks.Error(
-                    f"Task backend {self.alias!r}: 'tasks' {problem}.",
+                    f"{self.setting('tasks')} {problem}.",
                     hint="List dotted paths of tasks or task modules, or leave 'tasks' "
                     "out to run every task.",
                     id="skiplock.E003",
@@ -217,17 +269,18 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         task) when neither lists any.  Each path is imported now, so a worker whose code
         lacks one stops at its start rather than leave that task's jobs to wait unseen.
         """
+        where = "--task"
         if paths is None:
-            paths = self.task_paths
+            paths, where = self.task_paths, self.setting("tasks")
         if paths is None:
             return None
         problem = task_paths_problem(paths)
         if problem is not None:
-            raise ConfigError(f"tasks {problem}")
+            raise ConfigError(f"{where} {problem}")
         try:
             return resolve_tasks(paths, self.alias)
         except NotATask as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"{where}: {exc}") from None
 
     def worker_dsn(self) -> str:
         return self.dsn if self.dsn is not None else database_dsn(self.database)
@@ -245,6 +298,9 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         return self._queue
 
     def _connection(self) -> psycopg.Connection[Any]:
+        problem = self.options_problem()
+        if problem is not None:
+            raise ImproperlyConfigured(problem)
         problem = self.database_problem()
         if problem is not None:
             raise ImproperlyConfigured(f"task backend {self.alias!r}: {problem}")
@@ -254,6 +310,13 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         wrapper.validate_no_broken_transaction()
         wrapper.ensure_connection()
         conn: psycopg.Connection[Any] = wrapper.connection
+        if not self._schema_seen:
+            # Once per backend (Django makes one per thread): before migrating, a
+            # statement on a missing table would abort the caller's atomic() block.
+            problem = schema_problem(conn, self.schema, latest=False)
+            if problem is not None:
+                raise ConfigError(f"task backend {self.alias!r}: {problem}")
+            self._schema_seen = True
         return conn
 
     # -- producers -----------------------------------------------------------------------
@@ -264,25 +327,36 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
             norm_args = normalize_json(list(args))
             norm_kwargs = normalize_json(dict(kwargs))
         except (TypeError, ValueError) as exc:
-            raise PayloadError(
+            raise TaskArgumentsError(
                 f"{task.module_path}: arguments must be JSON-serialisable ({exc}); "
                 "pass ids and plain values, not objects"
             ) from None
+        payload: dict[str, Any] = {"args": norm_args, "kwargs": norm_kwargs}
+        if task.run_after is not None:
+            # The job's run_at moves with each retry; the task's run_after is what the
+            # caller asked for, and get_result() gives the task back as it was enqueued.
+            payload["run_after"] = task.run_after.isoformat()
         conn = self._connection()
-        job_id = self.queue().enqueue(
-            {"args": norm_args, "kwargs": norm_kwargs},
-            queue=task.queue_name,
-            priority=to_skiplock_priority(task.priority),
-            run_at=task.run_after,
-            max_attempts=self.max_attempts,
-            conn=conn,
-            task=task.module_path,
-        )
+        try:
+            job_id = self.queue().enqueue(
+                payload,
+                queue=task.queue_name,
+                priority=to_skiplock_priority(task.priority),
+                run_at=task.run_after,
+                max_attempts=self.max_attempts,
+                conn=conn,
+                task=task.module_path,
+            )
+        except PayloadError as exc:  # NaN, a NUL character, the size limit
+            raise TaskArgumentsError(f"{task.module_path}: {exc}") from None
+        job = self.get_job(job_id)
+        assert job is not None  # just inserted on this connection
         result = TaskResult(
             task=task,
             id=str(job_id),
             status=TaskResultStatus.READY,
-            enqueued_at=None,
+            # The row's own time, so that refresh() and get_result() agree with it.
+            enqueued_at=job.created_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -319,20 +393,33 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
         job = self.get_job(job_id)
         if job is None or job.task is None:
             raise TaskResultDoesNotExist(result_id)
-        return self.result_of(job)
+        try:
+            return self.result_of(job)
+        except NotATask as exc:
+            # A deploy removed the task (or its module no longer imports): there is
+            # no Task to describe the job with.  Its row is still there for skiplock's
+            # own tools (skiplock status, the dashboard, Queue.get).
+            raise TaskResultDoesNotExist(f"{result_id}: {exc}") from None
 
     def result_of(self, job: Job, task: Task | None = None) -> TaskResult:
-        """The TaskResult a job's row describes."""
+        """The TaskResult a job's row describes (``task``: the job's task, already
+        loaded; else it is imported by the name the job carries)."""
         if task is None:
             task = load_task(job.task or "", self.alias)
-            # A queue since dropped from QUEUES fails validation: keep the task as declared.
-            with suppress(InvalidTask):
-                task = task.using(
-                    priority=from_skiplock_priority(job.priority),
-                    queue_name=job.queue,
-                    run_after=job.run_at if job.status == "pending" else None,
-                )
         payload = job.payload if isinstance(job.payload, dict) else {}
+        run_after = payload.get("run_after")
+        # The task as it was enqueued: on this backend (Task.using(backend=...) may
+        # have sent a task declared for another alias here), with the job's priority
+        # and queue, and the run_after it was given, if any (not the row's run_at,
+        # which a retry moves).  A queue since dropped from QUEUES fails validation:
+        # the task is then kept as declared.
+        with suppress(InvalidTask):
+            task = task.using(
+                priority=from_skiplock_priority(job.priority),
+                queue_name=job.queue,
+                run_after=datetime.fromisoformat(run_after) if isinstance(run_after, str) else None,
+                backend=self.alias,
+            )
         errors: list[TaskError] = []
         if job.status == "cancelled":
             errors.append(
@@ -387,12 +474,13 @@ def task_paths_problem(paths: object) -> str | None:
 
 
 def resolve_tasks(paths: Sequence[str], alias: str) -> dict[str, Task]:
-    """The Django Tasks of backend ``alias`` at ``paths``, by ``module_path``.
+    """The Django Tasks at ``paths`` that backend ``alias`` runs, by ``module_path``.
 
-    A path names a task, or a module standing for every task of the backend it holds
-    (its own or imported), so a worker that lists modules runs what its code defines and
-    no more.  A path that does not import, or names no task of the backend, raises
-    NotATask: a typo would otherwise leave that task's jobs pending with nobody told.
+    A path names a task, or a module standing for every task it holds (its own or
+    imported, declared for any backend: ``Task.using(backend=...)`` moves them), so a
+    worker that lists modules runs what its code defines and no more.  A path that does
+    not import, or names no task, raises NotATask: a typo would otherwise leave that
+    task's jobs pending with nobody told.
     """
     found: dict[str, Task] = {}
     for path in paths:
@@ -401,9 +489,11 @@ def resolve_tasks(paths: Sequence[str], alias: str) -> dict[str, Task]:
             task = load_task(path, alias)
             found[task.module_path] = task
             continue
-        held = [v for v in vars(module).values() if isinstance(v, Task) and v.backend == alias]
+        # Every task it holds, whatever its declared backend: Task.using(backend=...)
+        # can send any of them here.
+        held = [v for v in vars(module).values() if isinstance(v, Task)]
         if not held:
-            raise NotATask(f"module {path!r} holds no task of backend {alias!r}")
+            raise NotATask(f"module {path!r} holds no django.tasks Task")
         for task in held:
             found[task.module_path] = task
     return found
@@ -423,15 +513,19 @@ def _module(path: str) -> ModuleType | None:
 
 
 def load_task(path: str, alias: str) -> Task:
-    """The Django Task at ``path`` (its ``module_path``), checked to use backend ``alias``."""
+    """The Django Task at ``path`` (its ``module_path``).
+
+    A task is declared for one backend but ``Task.using(backend=...)`` sends it to any:
+    a job in this backend's schema was enqueued through it (or an alias sharing the
+    schema), so the task runs here whatever its declared backend.  ``alias`` names the
+    backend in the errors.
+    """
     from django.utils.module_loading import import_string
 
     try:
         obj = import_string(path)
     except ImportError as exc:
-        raise NotATask(f"cannot import task {path!r}: {exc}") from None
+        raise NotATask(f"cannot import task {path!r} (backend {alias!r}): {exc}") from None
     if not isinstance(obj, Task):
         raise NotATask(f"{path!r} is {type(obj).__name__}, not a django.tasks Task")
-    if obj.backend != alias:
-        raise NotATask(f"task {path!r} uses backend {obj.backend!r}, not {alias!r}")
     return obj

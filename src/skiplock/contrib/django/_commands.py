@@ -21,6 +21,9 @@ def skiplock_backend(alias: str | None) -> SkiplockBackend:
             raise CommandError(f"TASKS[{alias!r}] is {type(backend).__name__}, not skiplock's")
     else:
         backend = _the_only_one()
+    problem = backend.options_problem()
+    if problem is not None:
+        raise CommandError(problem)
     problem = backend.database_problem()
     if problem is not None:
         raise CommandError(f"task backend {backend.alias!r}: {problem}")

@@ -1,7 +1,9 @@
-"""Where a Worker's claim time goes under a held xmin: claims from the head against claims
-from the position, fused against the claim loop's, and the index entries each reads.
+"""``python -m skiplock_bench held-claims``: where a Worker's claim time goes under a held
+xmin: claims from the head against claims from the position, fused against the claim
+loop's, and the index entries each reads.
 
-``python bench/held_claims.py [--fresh S] [--held S] [--rate R] [--src SRC] [--json F]``
+``python -m skiplock_bench held-claims [--fresh S] [--held S] [--rate R] [--src SRC]
+[--json F]``
 
 A ``Worker`` of 8 (its defaults: two chains, fused claims) runs in a child process
 with ``SRC`` first on its path (default: the installed skiplock), so two checkouts can
@@ -37,7 +39,8 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from skiplock_bench.common import DEFAULT_DSN, percentile  # bench/ is on the path
+
+from .common import DEFAULT_DSN, percentile
 
 DSN = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
 
@@ -123,17 +126,25 @@ def summary(records: list[Claim], a: float, b: float) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+BENCH = Path(__file__).resolve().parent.parent  # bench/, which holds skiplock_bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="bench/run held-claims", description=(__doc__ or "").split("\n\n")[0]
+    )
     ap.add_argument("--fresh", type=float, default=60.0)
     ap.add_argument("--held", type=float, default=120.0)
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--src", help="a checkout's src/ to import skiplock from")
     ap.add_argument("--json", help="write the summary here too")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.fresh <= 11 or args.held <= 11:
+        # Each phase's first 10 s are not measured (the worker settles, the hold begins).
+        raise SystemExit("--fresh and --held must be over 11 seconds each")
     env = dict(os.environ)
-    if args.src:
-        env["PYTHONPATH"] = str(Path(args.src).resolve())
+    path = [str(Path(args.src).resolve())] if args.src else []
+    env["PYTHONPATH"] = os.pathsep.join([*path, str(BENCH), env.get("PYTHONPATH", "")])
     schema = "held_claims_" + uuid.uuid4().hex[:8]
     out = f"/tmp/{schema}.json"
     admin = psycopg.connect(DSN, autocommit=True)
@@ -147,7 +158,9 @@ def main() -> None:
         env=env,
         check=True,
     )
-    proc = subprocess.Popen([sys.executable, __file__, "--child", schema, out], env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skiplock_bench.held_claims", "--child", schema, out], env=env
+    )
     # Enqueued by this checkout's skiplock: the two sides must share a schema version.
     from skiplock import Queue
 
@@ -214,10 +227,11 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
     admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
     admin.close()
+    return 0
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
     else:
-        main()
+        sys.exit(main())

@@ -1,6 +1,6 @@
-"""Where an idle worker's pickup time goes, stage by stage.
+"""``python -m skiplock_bench pickup-stages``: where an idle worker's pickup time goes.
 
-``python bench/pickup_stages.py [SAMPLES] [ROUNDS]`` (defaults 300, 1): one ``Worker``
+``python -m skiplock_bench pickup-stages [SAMPLES] [ROUNDS]`` (defaults 300, 1): one ``Worker``
 (concurrency 8, LISTEN on) in this process, idle; one job at a time is enqueued 10-30 ms
 after the previous one started, as ``bench/run``'s pickup section does.  Each round
 starts a new worker.  For each job, on this process's one monotonic clock:
@@ -16,7 +16,8 @@ starts a new worker.  For each job, on this process's one monotonic clock:
 - ``pickup``: from the enqueue call to the handler's first line.
 
 With more than one round, the medians of the rounds' p50s follow.
-``bench/pickup_slow_flush.py`` runs this on a cluster whose WAL flush is made slower.
+The figures on a disk whose flush was made slower (a preloaded library that slept in
+every ``fdatasync``) are in bench/results/2026-12-05-pickup-on-slow-and-fast-flushes.md.
 
 The DSN is $SKIPLOCK_BENCH_DSN or the local server; a schema of its own is dropped after.
 Percentiles are the bench's nearest-rank ones (``skiplock_bench.common.percentile``).
@@ -34,16 +35,21 @@ import uuid
 
 import psycopg
 from psycopg import sql
-from skiplock_bench.common import DEFAULT_DSN, percentile
 
 from skiplock import Job, Queue, Worker
 from skiplock._sql import channel_name
 
+from .common import DEFAULT_DSN, percentile
 
-def main() -> None:
-    samples = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 2:
+        raise SystemExit(__doc__)
+    samples = int(args[0]) if args else 300
+    rounds = int(args[1]) if len(args) > 1 else 1
     run(os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN), samples, rounds)
+    return 0
 
 
 def run(dsn: str, samples: int, rounds: int) -> None:
@@ -142,9 +148,9 @@ def one_round(q: Queue, dsn: str, schema: str, samples: int) -> list[dict[str, f
     w.stop()
     thread.join(30)
     stop.set()
-    listener.join(5)  # before its server goes (pickup_slow_flush stops it next)
+    listener.join(5)  # before the caller drops the schema or stops its server
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

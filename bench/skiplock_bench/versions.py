@@ -1,16 +1,16 @@
-"""Alternate ``chains_ab.py`` drains between two checkouts of skiplock.
+"""``python -m skiplock_bench versions``: ``drains`` alternated between two checkouts.
 
-``python bench/versions_ab.py OLD_SRC NEW_SRC N ROUNDS SHAPE[,SHAPE...]``: each round
-runs ``bench/chains_ab.py N 1 SHAPES`` once with ``PYTHONPATH=OLD_SRC`` and once with
-``NEW_SRC`` (old first in odd rounds, new first in even ones), each in a fresh
+``python -m skiplock_bench versions OLD_SRC NEW_SRC N ROUNDS SHAPE[,SHAPE...]``: each
+round runs ``drains N 1 SHAPES`` once with ``OLD_SRC`` first on ``PYTHONPATH`` and once
+with ``NEW_SRC`` (old first in odd rounds, new first in even ones), each in a fresh
 interpreter, then prints per shape the new / old ratio of every round, their median,
 and the medians of both sides' rates and process CPU a job.  For an A/B of one commit:
 
     git worktree add /tmp/before <commit>~1
-    python bench/versions_ab.py /tmp/before/src src 100000 6 one8,async-one8
+    bench/run versions /tmp/before/src src 100000 6 one8,async-one8
 
-Both sides run this checkout's ``chains_ab.py``; only the imported ``skiplock`` differs.
-The DSN is $SKIPLOCK_BENCH_DSN or the local server, as for ``chains_ab.py``.
+Both sides run this checkout's ``drains``; only the imported ``skiplock`` differs.
+The DSN is $SKIPLOCK_BENCH_DSN or the local server, as for ``drains``.
 """
 
 from __future__ import annotations
@@ -22,39 +22,36 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parent.parent  # bench/, which holds skiplock_bench
 ROUND = re.compile(r"round 1 (\S+): ([\d,]+) jobs/s, process CPU ([\d.]+) us a job")
 
 
 def drain(src: str, n: int, shapes: str) -> dict[str, tuple[float, float]]:
-    """One round of ``chains_ab.py`` with ``src`` first on the path: shape -> (jobs/s,
+    """One round of ``drains`` with ``src`` first on the path: shape -> (jobs/s,
     process CPU µs a job)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(HERE)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(src).resolve()), str(BENCH)])}
+    # The module itself, not ``python -m skiplock_bench``: the suite's modules would be
+    # imported too, and an older skiplock may lack what they use.
     run = subprocess.run(
-        [sys.executable, str(HERE / "chains_ab.py"), str(n), "1", shapes],
+        [sys.executable, "-m", "skiplock_bench.drains", str(n), "1", shapes],
         env=env,
         capture_output=True,
         text=True,
     )
     if run.returncode != 0:
-        raise SystemExit(f"chains_ab.py with {src} exited {run.returncode}:\n{run.stderr}")
+        raise SystemExit(f"drains with {src} exited {run.returncode}:\n{run.stderr}")
     out = run.stdout
     found = {m[1]: (float(m[2].replace(",", "")), float(m[3])) for m in ROUND.finditer(out)}
     if set(found) != set(shapes.split(",")):
-        raise SystemExit(f"unexpected output from chains_ab.py:\n{out}")
+        raise SystemExit(f"unexpected output from drains:\n{out}")
     return found
 
 
-def main() -> None:
-    if len(sys.argv) != 6:
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 5:
         raise SystemExit(__doc__)
-    old, new, n, rounds, shapes = (
-        sys.argv[1],
-        sys.argv[2],
-        int(sys.argv[3]),
-        int(sys.argv[4]),
-        sys.argv[5],
-    )
+    old, new, n, rounds, shapes = args[0], args[1], int(args[2]), int(args[3]), args[4]
     runs: dict[str, list[dict[str, tuple[float, float]]]] = {"old": [], "new": []}
     for rnd in range(1, rounds + 1):
         order = ("old", "new") if rnd % 2 else ("new", "old")
@@ -75,7 +72,8 @@ def main() -> None:
                 for side in ("old", "new")
             )
         )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

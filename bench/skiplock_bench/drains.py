@@ -1,8 +1,9 @@
-"""Alternate drains of one process in several shapes and print each shape's median.
+"""``python -m skiplock_bench drains``: drains of one process in several shapes, alternated.
 
-``python bench/chains_ab.py N ROUNDS SHAPE[,SHAPE...]``: every round drains N no-op
-jobs once per shape, the order reversed every other round, each on a schema of its own
-(dropped after).  What bounds one process (bench/README.md, "One process's bound"):
+``python -m skiplock_bench drains N ROUNDS SHAPE[,SHAPE...]``: every round drains N
+no-op jobs once per shape, the order reversed every other round, each on a schema of
+its own (dropped after), and checks every job ran exactly once.  What bounds one
+process (docs/decisions/0012-two-chains-per-worker.md):
 
 - ``one8``: one ``Worker`` of concurrency 8 (the reference: put it first);
 - ``two4`` / ``two8``: two ``Worker``s of 4 / of 8 on one ``Queue``, one interpreter:
@@ -20,7 +21,8 @@ jobs once per shape, the order reversed every other round, each on a schema of i
 Each drain also prints the process's CPU time per job and its CPU over wall time (1.0:
 one core busy all along): a chain that waits for the server leaves the process idle.
 
-The DSN is $SKIPLOCK_BENCH_DSN or the local server.
+The DSN is $SKIPLOCK_BENCH_DSN or the local server.  ``versions`` runs this module
+under two checkouts of skiplock.
 """
 
 from __future__ import annotations
@@ -30,23 +32,39 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 import uuid
 
 import psycopg
-from drain_once import Counting
 from psycopg import sql
 
 from skiplock import AsyncWorker, Job, Queue, Worker
-from skiplock._sql import _Rendered
 
-DSN = os.environ.get("SKIPLOCK_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+from .common import DEFAULT_DSN
+
+DSN = os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN)
 THREADED = {"one8": (1, 8), "two4": (2, 4), "two8": (2, 8)}
 ASYNC = {"async-one8": (1, 8), "async-two4": (2, 4)}
 DROPS = {
     "nofin": ["jobs_finished_idx"],
     "nofin-norun": ["jobs_finished_idx", "jobs_running_leases_idx"],
 }
+
+
+class Counting:
+    """A no-op handler that sets ``done`` once it has run ``n`` jobs."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count = n, 0
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def __call__(self, job: Job) -> None:
+        with self.lock:
+            self.count += 1
+            if self.count >= self.n:
+                self.done.set()
 
 
 def threaded(
@@ -103,6 +121,9 @@ def drain(shape: str, n: int) -> tuple[float, float]:
     """Jobs/s of one drain of ``n`` no-op jobs in ``shape``, and the process's CPU
     seconds over the drain's."""
     if shape.startswith("composed-"):
+        # Imported here: ``versions`` runs the other shapes on checkouts without it.
+        from skiplock._sql import _Rendered
+
         kept = _Rendered.as_bytes
         _Rendered.as_bytes = sql.Composed.as_bytes  # type: ignore[method-assign]
         try:
@@ -147,8 +168,11 @@ def drain(shape: str, n: int) -> tuple[float, float]:
     return n / secs, cpu / secs
 
 
-def main() -> None:
-    n, rounds, shapes = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        raise SystemExit(__doc__)
+    n, rounds, shapes = int(args[0]), int(args[1]), args[2].split(",")
     known = {*THREADED, *ASYNC, *DROPS}
     for shape in shapes:
         base = shape.removeprefix("composed-")
@@ -175,7 +199,8 @@ def main() -> None:
         )
         ratio = f"{med / first:.2f} x {shapes[0]}"
         print(f"{shape}: median {med:,.0f} jobs/s, {ratio} (per round {per_round})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
