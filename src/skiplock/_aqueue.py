@@ -39,7 +39,7 @@ from ._base import (
     unavailable,
 )
 from ._config import RetryPolicy
-from ._control import QueueConfig
+from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import DatabaseUnavailable
 from ._job import Job
 from ._ops import ClaimPosition, Copy, Execute, FenceResult, Op, resumed
@@ -855,6 +855,81 @@ class AsyncQueue(QueueBase):
         """
         op = self._list_jobs_op(queue, status, limit, before_id)
         return list(await self._execute(op, what="list_jobs"))
+
+    async def find_jobs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        since: datetime | timedelta | None = None,
+        error: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[JobInfo]:
+        """Jobs matching every filter given, newest first: ``q.find_jobs(status="failed")``.
+
+        Parameters
+        ----------
+        status
+            One status (``"failed"``) or several; None: any.
+        queue, task
+            The job's queue; its task name (``module.function`` for an App's task).
+        since
+            An aware datetime, or a timedelta meaning that long ago: jobs finished at
+            or after it, and unfinished jobs created at or after it.
+        error
+            Text the job's ``last_error`` contains, ignoring case.
+        limit
+            At most this many rows (1 to 10,000).
+        before_id
+            Only ids below this one: the next page after a page whose last id it is.
+
+        Returns
+        -------
+        list[JobInfo]
+            Each job's state without payload or result (``get`` has them); ``.error`` is
+            the exception line of ``last_error``.
+
+        Raises
+        ------
+        ValueError, ConfigError
+            A bad filter (an unknown status, a naive datetime), before any query.
+        """
+        op = self._find_jobs_op(status, queue, task, since, error, limit, before_id)
+        return list(await self._execute(op, what="find_jobs"))
+
+    async def retry_jobs(self, job_ids: Sequence[int]) -> RetryReport:
+        """Run failed or cancelled jobs again: an operator's retry, by id.
+
+        Each job becomes pending again, due at once, with ``attempts`` 0: a fresh budget
+        of its ``max_attempts``.  ``last_error`` is kept until the next attempt writes
+        its own; ``finished_at``, ``started_at``, ``worker``, ``result`` and a cancel
+        request are cleared.  The job keeps its id, payload, priority and idempotency
+        key: no new job is made.  A job that is pending, running or done is refused and
+        left as it is, and so is an unknown id; ``RetryReport.refused`` says why, per id.
+        A retry racing another retry or a worker is safe: the status is checked on the
+        locked row, so a job is retried once and claimed once.
+        """
+        report = await self._execute(self._retry_jobs_op(job_ids), what="retry_jobs")
+        return cast(RetryReport, report)
+
+    async def retry_failed(
+        self,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        since: datetime | timedelta | None = None,
+    ) -> RetryReport:
+        """Run every failed job matching the filters again, as ``retry_jobs`` does.
+
+        ``since`` (an aware datetime, or a timedelta meaning that long ago) takes jobs
+        that failed at or after it.  Cancelled jobs are not taken (retry them by id).
+        Jobs go in batches of 500, in id order, each job at most once per call, even if
+        it fails again meanwhile.
+        """
+        op = self._retry_failed_op(queue, task, since)
+        return cast(RetryReport, await self._execute(op, what="retry_failed"))
 
     async def throughput(
         self, *, window: float = 3600.0, bucket: float = 60.0

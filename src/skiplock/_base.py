@@ -8,7 +8,7 @@ import select
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
@@ -265,6 +265,9 @@ class QueueBase:
     ROTATE_AFTER = 2.0
     ROTATE_IDLE = 3600.0
     UPKEEP_BATCH = 2_000
+    # retry_failed retries this many jobs a statement: a short lock on each batch's rows,
+    # rather than one statement holding every failed job of a big outage.
+    RETRY_BATCH = 500
 
     def _configure(
         self,
@@ -650,6 +653,53 @@ class QueueBase:
         _check_job_id(job_id)
         return lambda _after: _control.requeue(self._stmts, job_id)
 
+    def _find_jobs_op(
+        self,
+        status: str | Sequence[str] | None,
+        queue: str | None,
+        task: str | None,
+        since: datetime | timedelta | None,
+        error: str | None,
+        limit: int,
+        before_id: int | None,
+    ) -> MakeOp:
+        if isinstance(status, str):
+            status = [status]
+        if status is not None:
+            for s in status:
+                _check_status(s)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        if before_id is not None:
+            _check_job_id(before_id)
+        if error is not None and (not isinstance(error, str) or not error or "\x00" in error):
+            raise ValueError(f"error must be a non-empty string without NUL, not {error!r}")
+        params = {
+            **_filters(queue, task, since),
+            "statuses": None if status is None else list(status),
+            "error": error,
+            "limit": limit,
+            "before": before_id,
+        }
+        return lambda _after: _control.find_jobs(self._stmts, params)
+
+    def _retry_jobs_op(self, job_ids: Sequence[int]) -> MakeOp:
+        if isinstance(job_ids, int | str):
+            raise ValueError(f"job ids must be a sequence of ids, not {job_ids!r}")
+        ids = list(job_ids)
+        for job_id in ids:
+            _check_job_id(job_id)
+        progress = _control.RetryProgress()
+        return lambda _after: _control.retry_jobs(self._stmts, ids, progress)
+
+    def _retry_failed_op(
+        self, queue: str | None, task: str | None, since: datetime | timedelta | None
+    ) -> MakeOp:
+        filters = _filters(queue, task, since)
+        progress = _control.RetryProgress()
+        batch = self.RETRY_BATCH
+        return lambda _after: _control.retry_failed(self._stmts, filters, progress, batch)
+
     def _delete_op(self, job_id: int) -> MakeOp:
         _check_job_id(job_id)
         return lambda _after: _control.delete(self._stmts, job_id)
@@ -760,7 +810,7 @@ def _check_enqueue_options(
     validate_queue(queue)
     _check_attempts(max_attempts)
     _check_priority(priority)
-    _check_run_at(run_at)
+    check_run_at(run_at)
 
 
 def _check_attempts(max_attempts: int) -> None:
@@ -779,9 +829,53 @@ def _check_priority(priority: int) -> None:
         )
 
 
-def _check_run_at(run_at: datetime | None) -> None:
-    if run_at is not None and not isinstance(run_at, datetime):
+def check_run_at(run_at: datetime | None) -> None:
+    """ValueError for a run_at that is not an aware datetime (or None).
+
+    A naive datetime is refused, not read as UTC or as local time: either guess is
+    hours off for someone, and the job would run at once or hours late.
+    """
+    if run_at is None:
+        return
+    if not isinstance(run_at, datetime):
         raise ValueError(f"run_at must be a datetime or None, not {run_at!r:.40}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise ValueError(
+            f"run_at {run_at.isoformat()} has no timezone; pass an aware datetime, "
+            "such as datetime.now(UTC) + timedelta(hours=1) or dt.replace(tzinfo=...)"
+        )
+
+
+def _check_status(status: str) -> None:
+    if status not in _control.STATUSES:
+        raise ValueError(
+            f"unknown status {status!r}; one of {', '.join(sorted(_control.STATUSES))}"
+        )
+
+
+def _filters(
+    queue: str | None, task: str | None, since: datetime | timedelta | None
+) -> dict[str, Any]:
+    """The queue, task and since filters of find_jobs and retry_failed, checked."""
+    if queue is not None:
+        validate_queue(queue)
+    if task is not None:
+        check_task_name(task)
+    if isinstance(since, timedelta):
+        if since < timedelta(0):
+            raise ValueError(f"since must not be a negative timedelta, not {since!r}")
+        # From this machine's clock, as a delay is: close enough for "the last hour".
+        since_param: Any = datetime.now(UTC) - since
+    elif since is None or isinstance(since, datetime):
+        if since is not None and (since.tzinfo is None or since.utcoffset() is None):
+            raise ValueError(
+                f"since {since.isoformat()} has no timezone; pass an aware datetime "
+                "or a timedelta (that long ago)"
+            )
+        since_param = since
+    else:
+        raise ValueError(f"since must be a datetime, a timedelta or None, not {since!r:.40}")
+    return {"queue": queue, "task": task, "since": since_param}
 
 
 def _check_lease(lease: float) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
-from ._base import _check_enqueue_options, check_task_name, check_unique
+from ._base import _check_enqueue_options, check_run_at, check_task_name, check_unique
 from ._canvas import Signature, Workflow, needs_parents, parent_arg, wait_workflow
 from ._config import RetryPolicy, validate_queue
 from ._errors import ConfigError, Fail, PayloadError, Retry, UnknownJob
@@ -306,6 +306,10 @@ class Task(Generic[R]):
         """
         if delay is not None and run_at is not None:
             raise ConfigError("give delay or run_at, not both")
+        try:
+            check_run_at(run_at)  # here, not at defer: the line that set it is the one to fix
+        except ValueError as exc:
+            raise ValueError(f"{self.name}.configure(): {exc}") from None
         if delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
             if not seconds >= 0:

@@ -68,6 +68,9 @@ OWNER = {
     "list_jobs",
     "requeue",
     "delete_job",
+    "find_jobs",
+    "failed_ids",
+    "retry_jobs",
     "throughput",
 }
 

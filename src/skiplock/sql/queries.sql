@@ -495,6 +495,70 @@ WHERE id = %(id)s
   AND status IN ('done', 'failed', 'cancelled')
 RETURNING id, status;
 
+-- name: find_jobs
+-- An operator's search (`skiplock jobs`, `Queue.find_jobs`, the dashboard): newest
+-- first, a page at a time (keyset on id).  NULL filters match all.  `since` is compared
+-- with a finished job's finished_at and an unfinished one's created_at.  The error
+-- filter is a case-insensitive substring (strpos: no LIKE wildcards to escape).
+SELECT id, queue, task, status, priority, attempts, max_attempts, worker, run_at,
+       created_at, started_at, finished_at, cancel_requested, last_error
+FROM {schema}.jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(since)s::timestamptz IS NULL OR coalesce(finished_at, created_at) >= %(since)s)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: failed_ids
+-- `retry --failed`: the ids of the failed jobs matching the filters, read once, in one
+-- scan (no index holds failed jobs apart from done ones; a keyset of batches walked the
+-- primary keys of every done job before the first failed one, 0.43 s for 100,000).
+-- `since` is compared with finished_at (when the job failed).
+SELECT id
+FROM {schema}.jobs
+WHERE status = 'failed'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s)
+ORDER BY id;
+
+-- name: retry_jobs
+-- An operator's retry of failed or cancelled jobs, by id: each row becomes pending
+-- again, due now, with attempts 0 (a fresh budget of max_attempts); finished_at,
+-- started_at, worker, locked_until, result and cancel_requested are cleared, and
+-- last_error is kept until the next attempt writes its own.  The job keeps its id and
+-- its row (no new job), and moves to the current generation: a day holds finished jobs
+-- only, and the claim reads generations.
+-- No double claim: the UPDATE re-checks the status on the row it locks (READ COMMITTED
+-- evaluates the WHERE again after a lock wait), and the new version is invisible to any
+-- claim until this statement commits, when the claim's SKIP LOCKED takes it once.  Two
+-- retries of one job, or a retry racing the worker failing it, retry it at most once:
+-- the second finds it no longer failed, or (the first having moved it to another
+-- partition) fails with a serialization error and is run again by the caller.
+-- Ids not retried come back with the status this statement's snapshot saw (NULL: no
+-- such job); one the snapshot saw failed was moved meanwhile, and is asked again.
+WITH retried AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+        started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
+        result = NULL,
+        part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
+    WHERE j.id = ANY (%(ids)s::bigint[])  -- each partition's key, not a join: a join
+      AND j.status IN ('failed', 'cancelled')  -- was a hash over every row (0015)
+    RETURNING j.id
+),
+seen AS (
+    SELECT id, status FROM {schema}.jobs WHERE id = ANY (%(ids)s::bigint[])
+)
+SELECT a.id, r.id IS NOT NULL AS retried, CASE WHEN r.id IS NULL THEN s.status END AS status
+FROM unnest(%(ids)s::bigint[]) AS a(id)  -- distinct ids, sent sorted
+LEFT JOIN retried AS r ON r.id = a.id
+LEFT JOIN seen AS s ON s.id = a.id
+ORDER BY a.id;
+
 -- name: delete_job
 -- Delete a job that is not running (a running one has a lease holder: cancel first).
 -- Its idempotency key goes with it, as with retention.
