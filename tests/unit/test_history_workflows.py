@@ -98,6 +98,10 @@ def test_a_clean_diamond_is_valid_and_counted() -> None:
     assert (res.workflow_steps, res.workflow_steps_done, res.workflow_step_runs) == (4, 4, 4)
     assert (res.workflow_children, res.workflow_releases) == (3, 3)
     assert not res.early_starts and not res.stranded_waiting and not res.release_mismatches
+    assert not res.early_releases
+    # d started at 3.01, 0.895 s after c's completion began: the tightest margin.
+    assert res.workflow_min_start_margin is not None
+    assert abs(res.workflow_min_start_margin - 0.895) < 1e-6
 
 
 def test_a_child_started_before_its_parent_completed_is_caught() -> None:
@@ -108,6 +112,14 @@ def test_a_child_started_before_its_parent_completed_is_caught() -> None:
     assert not res.valid
     assert [(e["value"], e["parent"]) for e in res.early_starts] == [("d", "c")]
     assert "1 workflow step(s) started before a parent completed" in res.problems
+
+
+def test_a_child_released_before_its_parent_completed_is_caught() -> None:
+    recs, rows = clean()
+    rows[3] = row("d", tok="td", finished=3.015, releases=[2.05])  # c finished at 2.115
+    res = check(recs, rows)
+    assert [(e["value"], e["parent"]) for e in res.early_releases] == [("d", "c")]
+    assert "1 workflow step(s) released before a parent completed" in res.problems
 
 
 def test_a_child_run_although_its_parent_never_completed_is_caught() -> None:

@@ -17,7 +17,9 @@ Workflows: a producer that writes a small DAG in one transaction records, on its
 enqueue line, the workflow's id, its shape and its edges (parent value, child value).
 The checker then holds every child to the dependency contract: no attempt of it
 started before each parent's completion committed (the row's ``finished`` time, taken
-in that transaction, so earlier than any claim it made possible), none stranded
+in that transaction, so earlier than any claim it made possible; this compares the
+server's clock with the workers', one host in a chaos run), none released before a
+parent's completion (both on the server's clock), none stranded
 ``waiting`` once its parents finished, and, when the run logged the releases (a
 trigger on waiting -> pending), each child released once if its parents all completed
 and never if one of them failed.
@@ -203,11 +205,15 @@ class CheckResult:
     workflow_reruns_unexplained: int = 0
     # Child starts whose parent's completion a crash took back (asynchronous commit).
     workflow_starts_taken_back: int = 0
+    # The smallest margin seen between a parent's completion (its transaction's start)
+    # and a child's start: how tight the early-start check was in this run.
+    workflow_min_start_margin: float | None = None
     # A child attempt that started before a parent's completion (or with the parent
     # never completed); a child still waiting with every parent finished; a child
     # released other than once (or released although a parent failed).
     early_starts: list[dict[str, Any]] = field(default_factory=list)
     stranded_waiting: list[dict[str, Any]] = field(default_factory=list)
+    early_releases: list[dict[str, Any]] = field(default_factory=list)
     release_mismatches: list[dict[str, Any]] = field(default_factory=list)
     kills: int = 0
     pauses: int = 0
@@ -464,6 +470,15 @@ def _check_workflows(
                 )
             releases = row.get("releases")
             if releases is not None:
+                # Both times on the server's clock: a release before a parent's
+                # completion began is early whatever the hosts' clocks say.
+                for p in parents:
+                    finished = rows.get(p, {}).get("finished")
+                    for at in releases:
+                        if finished is not None and float(at) < float(finished):
+                            res.early_releases.append(
+                                {"workflow": wf_id, "value": v, "parent": p, "released": at}
+                            )
                 n = len(releases)
                 res.workflow_releases = (res.workflow_releases or 0) + n
                 # Released once when every parent completed; never when one did not (the
@@ -477,6 +492,11 @@ def _check_workflows(
                 done_t = _done_time(rows.get(p, {}), completions[p])
                 for started in starts:
                     if done_t is not None and started >= done_t:
+                        margin = started - done_t
+                        best = res.workflow_min_start_margin
+                        res.workflow_min_start_margin = (
+                            margin if best is None else min(best, margin)
+                        )
                         continue
                     if done_t is not None and any(
                         started <= up and down <= done_t for down, up in lossy
@@ -707,6 +727,9 @@ def _verdict(res: CheckResult) -> None:
     if res.early_starts:
         n = len({e["value"] for e in res.early_starts})
         res.problems.append(f"{n} workflow step(s) started before a parent completed")
+    if res.early_releases:
+        n = len({e["value"] for e in res.early_releases})
+        res.problems.append(f"{n} workflow step(s) released before a parent completed")
     if res.stranded_waiting:
         res.problems.append(
             f"{len(res.stranded_waiting)} workflow step(s) stranded waiting after their "
