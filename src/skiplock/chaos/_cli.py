@@ -207,7 +207,8 @@ def _triple(j: dict[str, Any]) -> str:
     "--workflow-rate",
     default=None,
     type=float,
-    help="Workflows written per second, all producers together (default: --rate / 20).",
+    help="Workflows written per second, all producers together (implies --workflows; "
+    "default: --rate / 20).",
 )
 @click.option("--seed", default=None, type=int, help="Seed for the fault schedule.")
 @click.option(
@@ -261,7 +262,8 @@ def chaos(
         sync_replication=sync_replication,
         fuse_claims=fuse_claims,
         async_workers=async_workers,
-        workflows=workflows,
+        # A rate of workflows asks for them.
+        workflows=workflows or workflow_rate is not None,
         workflow_rate=workflow_rate,
     )
 
