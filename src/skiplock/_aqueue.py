@@ -404,6 +404,8 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        concurrency_key: str | None = None,
+        concurrency: int | None = None,
     ) -> int:
         """Add one job and return its id.
 
@@ -413,6 +415,9 @@ class AsyncQueue(QueueBase):
         connection's transaction and exists only if the caller commits.  ``task``
         names the function that runs it (``App.task`` sets it; workers of an App claim
         only the tasks they know) and ``meta`` travels with it (a trace context).
+        With a ``concurrency_key`` and ``concurrency=N``, at most N jobs of that key
+        run at once across all workers; the others wait, status ``throttled``,
+        unclaimed (docs/tasks.md, "Per-key concurrency").
         """
         make = self._enqueue_op(
             payload,
@@ -424,6 +429,8 @@ class AsyncQueue(QueueBase):
             task,
             meta,
             retryable=conn is None,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         # Safe to send again after a lost reply: the key's unique index, or the id
         # reserved first (see _ops.Reserved).
@@ -442,10 +449,25 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        concurrency_key: str | Sequence[str | None] | None = None,
+        concurrency: int | None = None,
     ) -> list[int]:
-        """Add many jobs with one COPY; returns their ids in order."""
+        """Add many jobs with one COPY; returns their ids in order.
+
+        ``concurrency_key``/``concurrency``: as for ``enqueue``; one key for them all, or
+        a sequence of one key (or None) per payload.
+        """
         make = self._enqueue_many_op(
-            payloads, queue, priority, run_at, max_attempts, idempotency_keys, task, meta
+            payloads,
+            queue,
+            priority,
+            run_at,
+            max_attempts,
+            idempotency_keys,
+            task,
+            meta,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         # Safe to send again after a lost reply: its ids are reserved first and a
         # retry looks for them before sending (see _ops.Reserved).

@@ -324,6 +324,8 @@ class QueueBase:
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
         retryable: bool = True,
+        concurrency_key: str | None = None,
+        concurrency: int | None = None,
     ) -> MakeOp:
         """One job.  ``retryable``: the driver may send it again after a lost reply.
 
@@ -334,6 +336,7 @@ class QueueBase:
         (``retryable=False``) nothing is repeated, and the plain insert does.
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
+        _check_concurrency(concurrency_key, concurrency)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         if idempotency_key is not None:
             _check_key(idempotency_key)
@@ -350,6 +353,8 @@ class QueueBase:
             "max_attempts": max_attempts,
             "task": task,
             "meta": meta_text,
+            "concurrency_key": concurrency_key,
+            "concurrency": concurrency,
         }
         if idempotency_key is None and retryable:
             held = _ops.Reserved()
@@ -369,9 +374,25 @@ class QueueBase:
         idempotency_keys: Sequence[str | None] | None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        concurrency_key: str | Sequence[str | None] | None = None,
+        concurrency: int | None = None,
     ) -> MakeOp:
-        """Many jobs; the ids reserved by the first attempt are kept for the retries."""
+        """Many jobs; the ids reserved by the first attempt are kept for the retries.
+
+        ``concurrency_key``: one key for every job, or one (or None) per job.
+        """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
+        ckeys: list[str | None] | None
+        if concurrency_key is None or isinstance(concurrency_key, str):
+            _check_concurrency(concurrency_key, concurrency)
+            ckeys = None if concurrency_key is None else [concurrency_key] * len(payloads)
+        else:
+            ckeys = list(concurrency_key)
+            if len(ckeys) != len(payloads):
+                raise ValueError(f"{len(payloads)} payloads but {len(ckeys)} concurrency keys")
+            for ck in ckeys:
+                if ck is not None:
+                    _check_concurrency(ck, concurrency)
         self._spare_ids.clear()  # as for a keyed enqueue: ids follow the enqueues
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
@@ -400,6 +421,8 @@ class QueueBase:
             meta=meta_text,
             reserved=held,
             retry=after,
+            concurrency_keys=ckeys,
+            concurrency=concurrency,
         )
 
     def _claim_op(
@@ -626,6 +649,24 @@ def _check_enqueue_options(
     _check_attempts(max_attempts)
     _check_priority(priority)
     _check_run_at(run_at)
+
+
+def _check_concurrency(key: str | None, concurrency: int | None) -> None:
+    """A concurrency key and its limit come together (migration 0018)."""
+    if key is None:
+        if concurrency is not None:
+            raise ValueError("concurrency needs a concurrency_key to count jobs by")
+        return
+    if not isinstance(key, str) or not key or len(key) > 500 or "\x00" in key:
+        raise ValueError(
+            f"concurrency_key must be a non-empty string of at most 500 characters, "
+            f"without NUL, not {key!r:.40}"
+        )
+    if type(concurrency) is not int or not 1 <= concurrency <= _INT4_MAX:
+        raise ValueError(
+            f"concurrency (jobs of one key running at once) must be an integer from 1 to "
+            f"{_INT4_MAX}, not {concurrency!r:.40}"
+        )
 
 
 def _check_attempts(max_attempts: int) -> None:

@@ -115,6 +115,8 @@ def enqueue(
     key: str | None,
     task: str | None = None,
     meta: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency: int | None = None,
 ) -> Op[int]:
     params = {
         "queue": queue,
@@ -125,6 +127,8 @@ def enqueue(
         "idempotency_key": key,
         "task": task,
         "meta": meta,
+        "concurrency_key": concurrency_key,
+        "concurrency": concurrency,
         "schema": stmts.schema,
     }
     if key is None:
@@ -175,6 +179,8 @@ def enqueue_many(
     reserved: Reserved | None = None,
     retry: bool = False,
     copy: bool = True,
+    concurrency_keys: Sequence[str | None] | None = None,
+    concurrency: int | None = None,
 ) -> Op[list[int]]:
     """Insert ``payloads`` with ids reserved first; see ``Reserved`` for the retry.
 
@@ -188,6 +194,9 @@ def enqueue_many(
     if keys is not None and len(keys) != n:
         raise ValueError(f"{n} payloads but {len(keys)} idempotency keys")
     row_keys: list[str | None] = list(keys) if keys is not None else [None] * n
+    if concurrency_keys is not None and len(concurrency_keys) != n:
+        raise ValueError(f"{n} payloads but {len(concurrency_keys)} concurrency keys")
+    row_ckeys = list(concurrency_keys) if concurrency_keys is not None else [None] * n
     held = reserved if reserved is not None else Reserved()
     for _ in range(3):
         if held.ids is None:
@@ -199,7 +208,8 @@ def enqueue_many(
                 return (yield from _resolve(stmts, queue, held.ids, row_keys, present))
         ids = held.ids
         try:
-            if copy and all(k is None for k in row_keys):
+            # COPY's column lists have no concurrency key: keyed jobs go by enqueue_rows.
+            if copy and all(k is None for k in row_keys) and all(k is None for k in row_ckeys):
                 yield _copy_step(
                     stmts, ids, queue, payloads, priority, max_attempts, task, meta, run_at
                 )
@@ -216,6 +226,8 @@ def enqueue_many(
                     "keys": row_keys,
                     "task": task,
                     "meta": meta,
+                    "concurrency_keys": row_ckeys,
+                    "concurrency": concurrency,
                 },
             )
         except pgerrors.UniqueViolation as exc:
@@ -243,6 +255,8 @@ def enqueue_one(
     reserved: Reserved,
     spares: list[tuple[int, float]],
     retry: bool = False,
+    concurrency_key: str | None = None,
+    concurrency: int | None = None,
 ) -> Op[int]:
     """One unkeyed job under a reserved id, in one round trip once ``spares`` has one.
 
@@ -273,6 +287,8 @@ def enqueue_one(
             "max_attempts": max_attempts,
             "task": task,
             "meta": meta,
+            "concurrency_key": concurrency_key,
+            "concurrency": concurrency,
             "schema": stmts.schema,
         }
         try:

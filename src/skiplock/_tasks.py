@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import difflib
 import inspect
+import string
 import sys
 import traceback
 import types
@@ -122,6 +123,8 @@ class Task(Generic[R]):
         timeout: float | None,
         lease: float | None,
         localns: Mapping[str, Any] | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -165,6 +168,35 @@ class Task(Generic[R]):
             params.append(p)
         # The signature a deferral binds against: the function's, without its Job.
         self._signature = sig.replace(parameters=params)
+        self.concurrency_key = concurrency_key
+        self.concurrency = concurrency
+        if concurrency_key is None:
+            if concurrency is not None:
+                raise ConfigError(f"task {name!r}: concurrency needs a concurrency_key")
+        elif isinstance(concurrency_key, str):
+            # Every field of the template must name an argument: a typo is caught here,
+            # not at the first deferral.
+            for _text, field, _spec, _conv in string.Formatter().parse(concurrency_key):
+                if field is None:
+                    continue
+                root = field.split(".", 1)[0].split("[", 1)[0]
+                if root not in self._signature.parameters:
+                    known = ", ".join(self._signature.parameters) or "no arguments"
+                    raise ConfigError(
+                        f"task {name!r}: concurrency_key {concurrency_key!r} names "
+                        f"{root!r}, not an argument (it takes {known})"
+                    )
+        elif not callable(concurrency_key):
+            raise ConfigError(
+                f"task {name!r}: concurrency_key must be a format string or a callable, "
+                f"not {concurrency_key!r:.40}"
+            )
+        if concurrency_key is not None and (
+            type(concurrency) is not int or not 1 <= concurrency <= 2**31 - 1
+        ):
+            raise ConfigError(
+                f"task {name!r}: concurrency must be a positive integer, not {concurrency!r:.40}"
+            )
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue!r}>"
@@ -211,6 +243,31 @@ class Task(Generic[R]):
         except PayloadError as exc:
             raise PayloadError(f"{self.name}.defer(): arguments: {exc}") from None
         return out
+
+    def key_of(self, payload: Mapping[str, Any]) -> str | None:
+        """The concurrency key of a job with this ``payload`` (``encode``'s), or None.
+
+        The template is formatted, or the callable called, with the call's arguments by
+        name, the function's defaults filled in.
+        """
+        ck = self.concurrency_key
+        if ck is None:
+            return None
+        named = dict(payload)
+        for pname, p in self._signature.parameters.items():
+            if pname not in named and p.default is not inspect.Parameter.empty:
+                named[pname] = p.default
+        try:
+            key = ck.format(**named) if isinstance(ck, str) else ck(**named)
+        except Exception as exc:
+            raise ConfigError(
+                f"{self.name}.defer(): concurrency_key failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(key, str) or not key:
+            raise ConfigError(
+                f"{self.name}.defer(): concurrency_key gave {key!r:.40}, not a non-empty string"
+            )
+        return key
 
     def configure(
         self,
@@ -348,14 +405,29 @@ class Deferral:
             options["idempotency_key"] = self.key
         return options
 
+    def _keyed(self, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The concurrency options of these jobs (none for a task without a key)."""
+        if self.task.concurrency_key is None:
+            return {}
+        keys = [self.task.key_of(p) for p in payloads]
+        return {"concurrency_key": keys, "concurrency": self.task.concurrency}
+
     def defer(self, *args: Any, **kwargs: Any) -> int:
         payload = self.task.encode(args, kwargs)
-        return self.task.app.queue.enqueue(payload, **self._options())
+        options = self._options()
+        if self.task.concurrency_key is not None:
+            options["concurrency_key"] = self.task.key_of(payload)
+            options["concurrency"] = self.task.concurrency
+        return self.task.app.queue.enqueue(payload, **options)
 
     async def defer_async(self, *args: Any, **kwargs: Any) -> int:
         payload = self.task.encode(args, kwargs)
+        options = self._options()
+        if self.task.concurrency_key is not None:
+            options["concurrency_key"] = self.task.key_of(payload)
+            options["concurrency"] = self.task.concurrency
         q = await self.task.app.async_queue()
-        return await q.enqueue(payload, **self._options())
+        return await q.enqueue(payload, **options)
 
     def _payloads(self, calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if self.key is not None:
@@ -372,12 +444,14 @@ class Deferral:
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         payloads = self._payloads(calls)
-        return self.task.app.queue.enqueue_many(payloads, **self._options(keyed=False))
+        return self.task.app.queue.enqueue_many(
+            payloads, **self._options(keyed=False), **self._keyed(payloads)
+        )
 
     async def defer_many_async(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         payloads = self._payloads(calls)
         q = await self.task.app.async_queue()
-        return await q.enqueue_many(payloads, **self._options(keyed=False))
+        return await q.enqueue_many(payloads, **self._options(keyed=False), **self._keyed(payloads))
 
 
 class App:
@@ -435,6 +509,8 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency: int | None = None,
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -448,6 +524,8 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency: int | None = None,
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -457,7 +535,13 @@ class App:
         ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
         seconds an attempt may run (then it fails and is retried).  ``lease``: the
         worker running this task holds leases of at least this many seconds.
+        ``concurrency_key`` (a format template over the arguments, ``"customer:{customer_id}"``,
+        or a callable taking them by name) with ``concurrency=N`` (default 1): at most N
+        jobs of one key run at once across all workers; the others wait unclaimed
+        (docs/tasks.md, "Per-key concurrency").
         """
+        if concurrency_key is not None and concurrency is None:
+            concurrency = 1
         validate_queue(queue)
         _check_enqueue_options(queue, priority, None, max_attempts)
         if timeout is not None and not timeout > 0:
@@ -491,6 +575,8 @@ class App:
                 timeout=timeout,
                 lease=lease,
                 localns=localns,
+                concurrency_key=concurrency_key,
+                concurrency=concurrency,
             )
             self.tasks[task_name] = t
             return t

@@ -307,18 +307,22 @@ WITH k AS (
     RETURNING job_id
 )
 INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
-                           task, meta)
+                           task, meta, concurrency_key, concurrency)
 SELECT k.job_id, %(queue)s, %(payload)s::jsonb, %(priority)s,
        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(idempotency_key)s,
-       %(task)s, %(meta)s::jsonb
+       %(task)s, %(meta)s::jsonb, %(concurrency_key)s, %(concurrency)s::integer
 FROM k
 RETURNING id;
 
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
-INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta)
+-- A job with a concurrency key (migration 0018) is inserted pending like any other; the
+-- jobs_key_hold trigger makes it wait for its key's slot.
+INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta,
+                           concurrency_key, concurrency)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
-        %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+        %(max_attempts)s, %(task)s, %(meta)s::jsonb, %(concurrency_key)s,
+        %(concurrency)s::integer)
 RETURNING id;
 
 -- name: enqueue_rows
@@ -329,8 +333,8 @@ WITH r AS MATERIALIZED (
     SELECT *
     FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[],
                 %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
-                %(keys)s::text[])
-         AS r(id, queue, payload, priority, run_at, max_attempts, key)
+                %(keys)s::text[], %(concurrency_keys)s::text[])
+         AS r(id, queue, payload, priority, run_at, max_attempts, key, concurrency_key)
 ),
 k AS (
     INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
@@ -339,9 +343,10 @@ k AS (
     RETURNING job_id
 )
 INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
-                           task, meta)
+                           task, meta, concurrency_key, concurrency)
 SELECT r.id, r.queue, r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts, r.key,
-       %(task)s, %(meta)s::jsonb
+       %(task)s, %(meta)s::jsonb, r.concurrency_key,
+       CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency)s::integer END
 FROM r
 WHERE r.key IS NULL OR r.id IN (SELECT job_id FROM k)
 ORDER BY r.id
@@ -362,9 +367,11 @@ FROM generate_series(1, %(n)s);
 -- An unkeyed enqueue under an id reserved beforehand (so a retry after a lost reply can
 -- look for it), which also reserves the id of the next one: the reservation costs no
 -- round trip of its own after a queue's first enqueue.
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta)
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta,
+                           concurrency_key, concurrency)
 VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
-        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb,
+        %(concurrency_key)s, %(concurrency)s::integer)
 RETURNING id, nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) AS spare;
 
 -- name: enqueued_ids
@@ -386,14 +393,17 @@ SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 -- name: cancel
 -- A pending job ends cancelled at once.  A running job is asked to stop: its worker
 -- sees the request at its next heartbeat (sooner: the NOTIFY below wakes it to beat
--- at once), and its fenced write then ends the job cancelled, never done.
+-- at once), and its fenced write then ends the job cancelled, never done.  A job
+-- waiting for a slot of its concurrency key (throttled, migration 0018) ends at once too.
 WITH asked AS (
     UPDATE {schema}.jobs
-    SET status           = CASE WHEN status = 'pending' THEN 'cancelled' ELSE status END,
-        finished_at      = CASE WHEN status = 'pending' THEN now() ELSE finished_at END,
+    SET status           = CASE WHEN status IN ('pending', 'throttled') THEN 'cancelled'
+                                ELSE status END,
+        finished_at      = CASE WHEN status IN ('pending', 'throttled') THEN now()
+                                ELSE finished_at END,
         cancel_requested = true
     WHERE id = %(id)s
-      AND status IN ('pending', 'running')
+      AND status IN ('pending', 'running', 'throttled')
       AND part < 1000000
     RETURNING id, status, notify_finish
 )
@@ -491,9 +501,12 @@ LIMIT %(limit)s;
 -- An operator's retry of a finished job: pending again at once with fresh attempts.
 -- Not for a running job (its lease holder would be overridden: cancel it first).  The
 -- completion counter is kept, so `verify` still sees a job that was done more than once.
--- The job moves to the current generation (its day holds finished jobs only).
+-- The job moves to the current generation (its day holds finished jobs only).  A job
+-- with a concurrency key waits for a slot again (throttled: migration 0018's triggers
+-- admit it at once if its key has one free).
 UPDATE {schema}.jobs
-SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+SET status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'throttled' END,
+    run_at = now(), attempts = 0, finished_at = NULL,
     started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
     result = NULL,
     part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer

@@ -1,0 +1,207 @@
+"""``python -m skiplock_bench keys``: per-key concurrency (migration 0018), measured.
+
+Two experiments, each on a schema of its own (dropped after), with several ``Worker``s
+in this process (``--workers`` of ``--concurrency`` handlers each; default 4 x 2 = 8
+handlers running at once) whose handler sleeps ``--work`` ms and records when it
+started and ended (time.monotonic):
+
+- ``limit``: ``--keys`` keys (100) of ``--per-key`` jobs each (40), limit 1 per key,
+  drained; then the same jobs without a key.  Reported: the largest number of jobs of
+  one key seen running at once (from the handlers' own intervals; must be 1), the
+  throughput of each drain (jobs over first start to last end) and their ratio, and
+  that every job ran exactly once.
+- ``fairness``: tenant A enqueues ``--backlog`` jobs (10,000), then tenant B one job,
+  while the workers run: B's wait (its enqueue to its handler's start), first with no
+  key (plain FIFO: B waits behind A's backlog), then with a key per tenant and limit
+  ``--tenant-limit`` (4: A keeps half the handlers busy).
+
+The DSN is ``--dsn``, else $SKIPLOCK_BENCH_DSN or the local server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from skiplock import Job, Queue, Worker
+
+from .common import DEFAULT_DSN, log
+
+Span = tuple[float, float, int]  # start, end, job id
+
+
+def _most_at_once(spans: Sequence[Span]) -> int:
+    """The largest number of the intervals open at one instant (an end before a start
+    at the same instant: back to back is not at once)."""
+    events = sorted([(s, 1) for s, _, _ in spans] + [(e, -1) for _, e, _ in spans])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+class _Run:
+    """A fresh schema, its Queue and the handlers' records."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.schema = f"bench_keys_{uuid.uuid4().hex[:8]}"
+        self.queue = Queue(dsn, schema=self.schema, max_size=4)
+        self.queue.migrate()
+        self.spans: dict[str, list[Span]] = defaultdict(list)
+        self.started: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def handler(self, work: float) -> Callable[[Job], None]:
+        def run(job: Job) -> None:
+            start = time.monotonic()
+            with self.lock:
+                self.started[job.id] = start
+            time.sleep(work)
+            with self.lock:
+                self.spans[str(job.payload.get("k"))].append((start, time.monotonic(), job.id))
+
+        return run
+
+    def done(self) -> int:
+        with self.lock:
+            return sum(len(v) for v in self.spans.values())
+
+    def close(self) -> None:
+        self.queue.close()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))
+            )
+
+
+def _workers(run: _Run, args: argparse.Namespace, stack: ExitStack) -> None:
+    for i in range(args.workers):
+        w = Worker(
+            run.queue,
+            run.handler(args.work / 1000),
+            concurrency=args.concurrency,
+            lease=30,
+            poll_interval=0.05,
+            name=f"bench-keys-{i}",
+        )
+        t = w.start()
+        stack.callback(t.join, 30)
+        stack.callback(w.stop)
+
+
+def _wait(cond: Callable[[], bool], timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise SystemExit("timed out")
+        time.sleep(0.005)
+
+
+def _drain(args: argparse.Namespace, keyed: bool) -> dict[str, Any]:
+    run = _Run(args.dsn)
+    try:
+        n = args.keys * args.per_key
+        # Interleaved by key, as tenants' jobs arrive: key i's jobs are not adjacent.
+        payloads = [{"k": f"k{i}", "n": j} for j in range(args.per_key) for i in range(args.keys)]
+        if keyed:
+            for i in range(args.keys):
+                run.queue.enqueue_many(
+                    [p for p in payloads if p["k"] == f"k{i}"],
+                    concurrency_key=f"k{i}",
+                    concurrency=1,
+                )
+        else:
+            run.queue.enqueue_many(payloads)
+        with ExitStack() as stack:
+            _workers(run, args, stack)
+            _wait(lambda: run.done() >= n, 600)
+        spans = [s for v in run.spans.values() for s in v]
+        ids = [jid for _, _, jid in spans]
+        first = min(s for s, _, _ in spans)
+        last = max(e for _, e, _ in spans)
+        return {
+            "jobs": n,
+            "ran": len(ids),
+            "distinct": len(set(ids)),
+            "most_at_once_per_key": max(_most_at_once(v) for v in run.spans.values()),
+            "most_at_once": _most_at_once(spans),
+            "seconds": last - first,
+            "jobs_per_s": n / (last - first),
+        }
+    finally:
+        run.close()
+
+
+def _fairness(args: argparse.Namespace, keyed: bool) -> dict[str, Any]:
+    run = _Run(args.dsn)
+    try:
+        extra: dict[str, Any] = {}
+        with ExitStack() as stack:
+            _workers(run, args, stack)
+            if keyed:
+                extra = {"concurrency_key": "tenant:a", "concurrency": args.tenant_limit}
+            run.queue.enqueue_many([{"k": "a", "n": n} for n in range(args.backlog)], **extra)
+            if keyed:
+                extra = {"concurrency_key": "tenant:b", "concurrency": args.tenant_limit}
+            at = time.monotonic()
+            b = run.queue.enqueue({"k": "b"}, **extra)
+            _wait(lambda: b in run.started, 600)
+            wait = run.started[b] - at
+            ahead = sum(1 for s in run.started.values() if s < run.started[b])
+        return {"b_wait_ms": wait * 1000, "a_jobs_started_before_b": ahead}
+    finally:
+        run.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="skiplock_bench keys", description=__doc__.split("\n")[0])
+    p.add_argument("--dsn", default=os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN))
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--work", type=float, default=2.0, help="handler sleep, ms")
+    p.add_argument("--keys", type=int, default=100)
+    p.add_argument("--per-key", type=int, default=40)
+    p.add_argument("--backlog", type=int, default=10_000)
+    p.add_argument("--tenant-limit", type=int, default=4)
+    p.add_argument("--only", choices=["limit", "fairness"], default=None)
+    args = p.parse_args(argv)
+    slots = args.workers * args.concurrency
+    log(f"keys: {args.workers} x {args.concurrency} = {slots} handlers, {args.work} ms each")
+    if args.only in (None, "limit"):
+        keyed = _drain(args, keyed=True)
+        plain = _drain(args, keyed=False)
+        log(f"limit 1 over {args.keys} keys x {args.per_key} jobs: {keyed}")
+        log(f"the same jobs without a key: {plain}")
+        log(
+            f"most jobs of one key at once: {keyed['most_at_once_per_key']} (limit 1); "
+            f"throughput {keyed['jobs_per_s']:.0f} vs {plain['jobs_per_s']:.0f} jobs/s "
+            f"({keyed['jobs_per_s'] / plain['jobs_per_s']:.2f}x); exactly once: "
+            f"{keyed['ran'] == keyed['distinct'] == keyed['jobs']}"
+        )
+    if args.only in (None, "fairness"):
+        plain = _fairness(args, keyed=False)
+        keyed = _fairness(args, keyed=True)
+        log(
+            f"fairness, A's backlog {args.backlog} then B's one job: B waited "
+            f"{plain['b_wait_ms']:.0f} ms behind {plain['a_jobs_started_before_b']} of A's jobs "
+            f"without keys, {keyed['b_wait_ms']:.1f} ms behind "
+            f"{keyed['a_jobs_started_before_b']} with a key per tenant "
+            f"(limit {args.tenant_limit})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
