@@ -10,6 +10,13 @@ started and ended (time.monotonic):
   one key seen running at once (from the handlers' own intervals; must be 1), the
   throughput of each drain (jobs over first start to last end) and their ratio, and
   that every job ran exactly once.
+- ``overhead``: ``--overhead-n`` (20,000) jobs *without* a key enqueued (COPY), then
+  claimed and completed in batches of 100 from one connection, on a schema with 0018's
+  triggers and indexes and on one where they were dropped, alternated for
+  ``--rounds`` (5): what per-key concurrency costs jobs that do not use it.
+- ``rows``: the same per row, server side: one INSERT ... SELECT, one claim-like and
+  one complete-like UPDATE of ``--overhead-n`` rows without a key, on both schemas,
+  alternated for ``--rounds``; the median statement time a row.
 - ``fairness``: tenant A enqueues ``--backlog`` jobs (10,000), then tenant B one job,
   while the workers run: B's wait (its enqueue to its handler's start), first with no
   key (plain FIFO: B waits behind A's backlog), then with a key per tenant and limit
@@ -165,6 +172,86 @@ def _fairness(args: argparse.Namespace, keyed: bool) -> dict[str, Any]:
         run.close()
 
 
+_WITHOUT = [
+    "DROP TRIGGER jobs_key_hold ON {s}.jobs",
+    "DROP TRIGGER jobs_key_admit_inserted ON {s}.jobs",
+    "DROP TRIGGER jobs_key_admit_updated ON {s}.jobs",
+    "DROP TRIGGER jobs_key_admit_deleted ON {s}.jobs",
+    "DROP INDEX {s}.jobs_key_admitted_idx",
+    "DROP INDEX {s}.jobs_key_waiting_idx",
+]
+
+
+def _overhead_once(args: argparse.Namespace, with_keys: bool) -> float:
+    """Seconds to enqueue ``--overhead-n`` jobs without a key (COPY) and claim and
+    complete them in batches of 100 from one connection: what 0018's triggers and
+    indexes cost jobs that have no key (``with_keys`` False: both dropped first)."""
+    run = _Run(args.dsn)
+    try:
+        if not with_keys:
+            with psycopg.connect(args.dsn, autocommit=True) as conn:
+                for stmt in _WITHOUT:
+                    conn.execute(
+                        sql.SQL(stmt).format(s=sql.Identifier(run.schema))  # type: ignore[arg-type]
+                    )
+        q = run.queue
+        start = time.perf_counter()
+        q.enqueue_many([{"n": n} for n in range(args.overhead_n)])
+        mid = time.perf_counter()
+        while jobs := q.claim(worker="w", limit=100, lease=60):
+            q.complete_many([(j, None) for j in jobs])
+        end = time.perf_counter()
+        log(
+            f"  {'with' if with_keys else 'without'}: "
+            f"enqueue {mid - start:.2f} s, drain {end - mid:.2f} s"
+        )
+        return end - start
+    finally:
+        run.close()
+
+
+_ROW_STEPS = {
+    "insert": "INSERT INTO {s}.jobs (queue, payload) SELECT 'default', '{{}}' "
+    "FROM generate_series(1, %(n)s)",
+    "claim": "UPDATE {s}.jobs SET status = 'running', worker = 'w', "
+    "lease_token = gen_random_uuid(), locked_until = now() + interval '1 minute', "
+    "attempts = attempts + 1 WHERE status = 'pending'",
+    "complete": "UPDATE {s}.jobs SET status = 'done', finished_at = now(), "
+    "locked_until = NULL WHERE status = 'running'",
+}
+
+
+def _rows(args: argparse.Namespace) -> None:
+    """The per-row price, server side: the same set-wise insert, claim-like and
+    complete-like UPDATE of ``--overhead-n`` rows without a key, on a schema with 0018's
+    triggers and indexes and on one without, alternated; median statement times."""
+    runs = {True: _Run(args.dsn), False: _Run(args.dsn)}
+    try:
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            for stmt in _WITHOUT:
+                conn.execute(sql.SQL(stmt).format(s=sql.Identifier(runs[False].schema)))  # type: ignore[arg-type]
+            took: dict[tuple[bool, str], list[float]] = defaultdict(list)
+            for r in range(args.rounds):
+                for w in [True, False] if r % 2 == 0 else [False, True]:
+                    s = sql.Identifier(runs[w].schema)
+                    for step, text in _ROW_STEPS.items():
+                        start = time.perf_counter()
+                        conn.execute(sql.SQL(text).format(s=s), {"n": args.overhead_n})  # type: ignore[arg-type]
+                        took[(w, step)].append(time.perf_counter() - start)
+                    conn.execute(sql.SQL("TRUNCATE {}.jobs").format(s))
+        for step in _ROW_STEPS:
+            a = sorted(took[(True, step)])[args.rounds // 2]
+            b = sorted(took[(False, step)])[args.rounds // 2]
+            log(
+                f"rows: {step} of {args.overhead_n} rows without a key, median of "
+                f"{args.rounds}: {a * 1e6 / args.overhead_n:.2f} us a row with 0018's "
+                f"triggers and indexes, {b * 1e6 / args.overhead_n:.2f} without ({a / b:.3f}x)"
+            )
+    finally:
+        for run in runs.values():
+            run.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="skiplock_bench keys", description=__doc__.split("\n")[0])
     p.add_argument("--dsn", default=os.environ.get("SKIPLOCK_BENCH_DSN", DEFAULT_DSN))
@@ -175,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--per-key", type=int, default=40)
     p.add_argument("--backlog", type=int, default=10_000)
     p.add_argument("--tenant-limit", type=int, default=4)
-    p.add_argument("--only", choices=["limit", "fairness"], default=None)
+    p.add_argument("--overhead-n", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=5, help="rounds of the overhead A/B")
+    p.add_argument("--only", choices=["limit", "fairness", "overhead", "rows"], default=None)
     args = p.parse_args(argv)
     slots = args.workers * args.concurrency
     log(f"keys: {args.workers} x {args.concurrency} = {slots} handlers, {args.work} ms each")
@@ -200,6 +289,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{keyed['a_jobs_started_before_b']} with a key per tenant "
             f"(limit {args.tenant_limit})"
         )
+    if args.only in (None, "overhead"):
+        ratios = []
+        for r in range(args.rounds):
+            order = [True, False] if r % 2 == 0 else [False, True]
+            took = {w: _overhead_once(args, w) for w in order}
+            ratios.append(took[True] / took[False])
+            log(
+                f"overhead round {r + 1}: {args.overhead_n} jobs without a key, enqueue + "
+                f"claim + complete: {took[True]:.2f} s with 0018's triggers and indexes, "
+                f"{took[False]:.2f} s without ({ratios[-1]:.3f}x)"
+            )
+        ratios.sort()
+        log(f"overhead: with / without, median of {args.rounds}: {ratios[len(ratios) // 2]:.3f}x")
+    if args.only in (None, "rows"):
+        _rows(args)
     return 0
 
 

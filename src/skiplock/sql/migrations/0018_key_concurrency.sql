@@ -26,7 +26,8 @@
 -- hand-back (release) keep it pending or running, so they keep the slot: the job is
 -- still the key's turn, and a later job of the key does not overtake it.  Admission
 -- takes a key's throttled jobs in (priority, id) order, enqueue order within a
--- priority; a job admitted before its run_at holds its slot until it runs.
+-- priority, and moves a past run_at to the admission time (see key_admit); a job
+-- admitted before its run_at holds its slot until it runs.
 
 ALTER TABLE {schema}.jobs ADD COLUMN concurrency_key text, ADD COLUMN concurrency integer;
 
@@ -115,8 +116,12 @@ BEGIN
         RETURN NULL;
     END IF;
     WITH admitted AS (
+        -- run_at: an admitted job joins the claim order at the end, as a job enqueued
+        -- now would.  At its old place, before the position a worker's claims have
+        -- reached (queries.sql, `claim`), it would wait for the next claim from the head.
         UPDATE {schema}.jobs AS j
-        SET status = 'pending'
+        SET status = 'pending',
+            run_at = greatest(j.run_at, now())
         FROM (SELECT w.id, w.part
               FROM {schema}.jobs AS w
               WHERE w.concurrency_key = k
@@ -128,10 +133,13 @@ BEGIN
         WHERE j.id = w.id AND j.part = w.part AND j.status = 'throttled'
         RETURNING j.queue, j.run_at
     )
-    -- Wake the workers of the queue, as an enqueue does (one notification per queue
-    -- and transaction: PostgreSQL folds duplicates).
+    -- Wake the workers of the queue as an enqueue does (notify_enqueued, migration
+    -- 0008): only if one of them sleeps until notified; busy workers claim anyway.
     SELECT count(pg_notify(TG_ARGV[0], q.queue)) INTO free
-    FROM (SELECT DISTINCT a.queue FROM admitted AS a WHERE a.run_at <= now()) AS q;
+    FROM (SELECT DISTINCT a.queue FROM admitted AS a WHERE a.run_at <= now()) AS q
+    WHERE EXISTS (SELECT FROM {schema}.workers AS w
+                  WHERE w.waiting IS NOT FALSE AND q.queue = ANY (w.queues))
+       OR NOT EXISTS (SELECT FROM {schema}.workers);
     RETURN NULL;
 END
 $$;
