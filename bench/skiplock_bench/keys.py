@@ -191,9 +191,7 @@ def _overhead_once(args: argparse.Namespace, with_keys: bool) -> float:
         if not with_keys:
             with psycopg.connect(args.dsn, autocommit=True) as conn:
                 for stmt in _WITHOUT:
-                    conn.execute(
-                        sql.SQL(stmt).format(s=sql.Identifier(run.schema))  # type: ignore[arg-type]
-                    )
+                    conn.execute(sql.SQL(stmt).format(s=sql.Identifier(run.schema)))
         q = run.queue
         start = time.perf_counter()
         q.enqueue_many([{"n": n} for n in range(args.overhead_n)])
@@ -229,14 +227,14 @@ def _rows(args: argparse.Namespace) -> None:
     try:
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             for stmt in _WITHOUT:
-                conn.execute(sql.SQL(stmt).format(s=sql.Identifier(runs[False].schema)))  # type: ignore[arg-type]
+                conn.execute(sql.SQL(stmt).format(s=sql.Identifier(runs[False].schema)))
             took: dict[tuple[bool, str], list[float]] = defaultdict(list)
             for r in range(args.rounds):
                 for w in [True, False] if r % 2 == 0 else [False, True]:
                     s = sql.Identifier(runs[w].schema)
                     for step, text in _ROW_STEPS.items():
                         start = time.perf_counter()
-                        conn.execute(sql.SQL(text).format(s=s), {"n": args.overhead_n})  # type: ignore[arg-type]
+                        conn.execute(sql.SQL(text).format(s=s), {"n": args.overhead_n})
                         took[(w, step)].append(time.perf_counter() - start)
                     conn.execute(sql.SQL("TRUNCATE {}.jobs").format(s))
         for step in _ROW_STEPS:
