@@ -42,9 +42,14 @@ from psycopg import sql
 
 from skiplock import Job, Queue, Worker
 
-from .common import DEFAULT_DSN, log
+from .common import DEFAULT_DSN
 
 Span = tuple[float, float, int]  # start, end, job id
+
+
+def say(msg: str) -> None:
+    """A figure, on stdout (as the other experiments print theirs)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def _most_at_once(spans: Sequence[Span]) -> int:
@@ -199,7 +204,7 @@ def _overhead_once(args: argparse.Namespace, with_keys: bool) -> float:
         while jobs := q.claim(worker="w", limit=100, lease=60):
             q.complete_many([(j, None) for j in jobs])
         end = time.perf_counter()
-        log(
+        say(
             f"  {'with' if with_keys else 'without'}: "
             f"enqueue {mid - start:.2f} s, drain {end - mid:.2f} s"
         )
@@ -240,7 +245,7 @@ def _rows(args: argparse.Namespace) -> None:
         for step in _ROW_STEPS:
             a = sorted(took[(True, step)])[args.rounds // 2]
             b = sorted(took[(False, step)])[args.rounds // 2]
-            log(
+            say(
                 f"rows: {step} of {args.overhead_n} rows without a key, median of "
                 f"{args.rounds}: {a * 1e6 / args.overhead_n:.2f} us a row with 0018's "
                 f"triggers and indexes, {b * 1e6 / args.overhead_n:.2f} without ({a / b:.3f}x)"
@@ -265,13 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", choices=["limit", "fairness", "overhead", "rows"], default=None)
     args = p.parse_args(argv)
     slots = args.workers * args.concurrency
-    log(f"keys: {args.workers} x {args.concurrency} = {slots} handlers, {args.work} ms each")
+    say(f"keys: {args.workers} x {args.concurrency} = {slots} handlers, {args.work} ms each")
     if args.only in (None, "limit"):
         keyed = _drain(args, keyed=True)
         plain = _drain(args, keyed=False)
-        log(f"limit 1 over {args.keys} keys x {args.per_key} jobs: {keyed}")
-        log(f"the same jobs without a key: {plain}")
-        log(
+        say(f"limit 1 over {args.keys} keys x {args.per_key} jobs: {keyed}")
+        say(f"the same jobs without a key: {plain}")
+        say(
             f"most jobs of one key at once: {keyed['most_at_once_per_key']} (limit 1); "
             f"throughput {keyed['jobs_per_s']:.0f} vs {plain['jobs_per_s']:.0f} jobs/s "
             f"({keyed['jobs_per_s'] / plain['jobs_per_s']:.2f}x); exactly once: "
@@ -280,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only in (None, "fairness"):
         plain = _fairness(args, keyed=False)
         keyed = _fairness(args, keyed=True)
-        log(
+        say(
             f"fairness, A's backlog {args.backlog} then B's one job: B waited "
             f"{plain['b_wait_ms']:.0f} ms behind {plain['a_jobs_started_before_b']} of A's jobs "
             f"without keys, {keyed['b_wait_ms']:.1f} ms behind "
@@ -293,13 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             order = [True, False] if r % 2 == 0 else [False, True]
             took = {w: _overhead_once(args, w) for w in order}
             ratios.append(took[True] / took[False])
-            log(
+            say(
                 f"overhead round {r + 1}: {args.overhead_n} jobs without a key, enqueue + "
                 f"claim + complete: {took[True]:.2f} s with 0018's triggers and indexes, "
                 f"{took[False]:.2f} s without ({ratios[-1]:.3f}x)"
             )
         ratios.sort()
-        log(f"overhead: with / without, median of {args.rounds}: {ratios[len(ratios) // 2]:.3f}x")
+        say(f"overhead: with / without, median of {args.rounds}: {ratios[len(ratios) // 2]:.3f}x")
     if args.only in (None, "rows"):
         _rows(args)
     return 0

@@ -73,6 +73,22 @@ SUBCOMMANDS = [
     (["versions", "SRC", "SRC", "200", "1", "one8"], "one8: new / old"),
     (["pickup-stages", "5", "1"], "pickup - floor"),
     (["held-claims", "--fresh", "12", "--held", "12", "--rate", "50"], "claim p99 held / fresh"),
+    (
+        [
+            "keys",
+            "--keys",
+            "5",
+            "--per-key",
+            "4",
+            "--backlog",
+            "50",
+            "--overhead-n",
+            "200",
+            "--rounds",
+            "1",
+        ],
+        "most jobs of one key at once: 1 (limit 1)",
+    ),
 ]
 
 
