@@ -268,3 +268,30 @@ def test_bad_concurrency_options_are_refused_before_sending(queue: Queue) -> Non
     with pytest.raises(ValueError, match="concurrency_key must be a non-empty string"):
         queue.enqueue({}, concurrency_key="", concurrency=1)
     assert queue.list_jobs() == []
+
+
+def test_a_requeue_from_its_day_waits_for_a_slot(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """A requeue of a job moved to its day is a cross-partition UPDATE, which fires the
+    INSERT and DELETE triggers, not the UPDATE ones: the job still goes through
+    admission, waiting while another job of its key holds the slot."""
+    key = "k"
+    (first,) = [queue.enqueue({"n": 0}, concurrency_key=key, concurrency=1)]
+    (job,) = queue.claim(worker="w", limit=5, lease=30)
+    queue.complete(job)
+    schema = sql.Identifier(queue.schema)
+    admin.execute(sql.SQL("SELECT * FROM {}.upkeep(0, 0, 0, 1000)").format(schema))
+    for _ in range(10):
+        admin.execute(sql.SQL("SELECT * FROM {}.upkeep(0, 1000000, 1000000, 1000)").format(schema))
+    part_sql = sql.SQL("SELECT part FROM {}.jobs WHERE id = %s").format(schema)
+    row = admin.execute(part_sql, (first,)).fetchone()
+    assert row is not None and row[0] >= 1000000  # in its day
+    later = queue.enqueue({"n": 1}, concurrency_key=key, concurrency=1)
+    queue.requeue(first)
+    row = admin.execute(part_sql, (first,)).fetchone()
+    assert row is not None and row[0] < 1000000
+    assert _states(admin, queue, key) == {"pending": [later], "throttled": [first]}
+    (job,) = queue.claim(worker="w", limit=5, lease=30)
+    queue.complete(job)
+    assert _states(admin, queue, key) == {"done": [later], "pending": [first]}
