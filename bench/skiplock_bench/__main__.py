@@ -52,6 +52,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "held-claims": ("held_claims", "a Worker's claims under a held xmin, head and position"),
     "pickup-stages": ("pickup_stages", "an idle worker's pickup, stage by stage"),
     "keys": ("keys", "per-key concurrency: the limit held, throughput, fairness"),
+    "pool-cost": ("pool_cost", "the process pool's cost per job against threads"),
 }
 
 # name: (sizes, rounds, pickup samples, single enqueues, pgbench jobs, claim pending small/big,

@@ -2,11 +2,13 @@
 
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
+from ._canvas import Signature, Workflow, chain, chord, group
 from ._config import RetryPolicy
-from ._control import QueueConfig
+from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import (
     ConfigError,
     DatabaseUnavailable,
+    DuplicateJob,
     Fail,
     JobCancelled,
     JobFailed,
@@ -15,6 +17,7 @@ from ._errors import (
     PayloadError,
     Retry,
     SkiplockError,
+    SoftTimeLimitExceeded,
     UnknownJob,
     UnknownQueue,
 )
@@ -32,10 +35,12 @@ __all__ = [
     "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "Job",
     "JobCancelled",
     "JobFailed",
+    "JobInfo",
     "JobStateError",
     "LeaseLost",
     "PayloadError",
@@ -44,10 +49,17 @@ __all__ = [
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "RetryReport",
+    "Signature",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "Task",
     "UnknownJob",
     "UnknownQueue",
     "Worker",
     "WorkerStats",
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
 ]

@@ -13,7 +13,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from time import monotonic
 from types import TracebackType
 from typing import Any, Final, TypeVar, cast
@@ -24,7 +24,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from . import _control, _migrate
+from . import _control, _migrate, _ops
 from ._base import (
     ConnectionSource,
     MakeOp,
@@ -39,7 +39,7 @@ from ._base import (
     unavailable,
 )
 from ._config import RetryPolicy
-from ._control import QueueConfig
+from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import DatabaseUnavailable
 from ._job import Job
 from ._ops import ClaimPosition, Copy, Execute, FenceResult, Op, resumed
@@ -71,9 +71,10 @@ async def arun_op(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
         while True:
             try:
                 rows = await _run_step(cur, step)
-            except psycopg.errors.UniqueViolation as exc:
+            except (psycopg.errors.UniqueViolation, psycopg.errors.NoDataFound) as exc:
                 # The op may know what a duplicate means (an enqueue's retry whose lost
-                # attempt committed meanwhile); if not, it raises it again.
+                # attempt committed meanwhile), or a missing parent (enqueue_graph); if
+                # not, it raises it again.
                 step = op.throw(exc)
             else:
                 step = op.send(rows)
@@ -404,6 +405,10 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
         concurrency_key: str | None = None,
         concurrency: int | None = None,
     ) -> int:
@@ -411,14 +416,46 @@ class AsyncQueue(QueueBase):
 
         ``priority``: lower runs first.  ``run_at``: not before this time.  With an
         ``idempotency_key``, a job already enqueued with that key in this queue is
-        not duplicated: its id is returned.  With ``conn``, the insert joins that
-        connection's transaction and exists only if the caller commits.  ``task``
-        names the function that runs it (``App.task`` sets it; workers of an App claim
-        only the tasks they know) and ``meta`` travels with it (a trace context).
+        not duplicated (docs/tasks.md, "Unique jobs"): the key holds for as long as
+        that job is kept, or with ``unique_for`` (seconds or a timedelta) while it is
+        pending or running and that long after it finished.  ``on_conflict``:
+        ``"return"`` its id if its payload (and task) are the same, else raise
+        ``DuplicateJob``; ``"replace"`` its payload if it has not started; ``"raise"``
+        always.  With ``conn``, the insert joins that connection's transaction and
+        exists only if the caller commits.  ``task`` names the function that runs it
+        (``App.task`` sets it; workers of an App claim only the tasks they know) and
+        ``meta`` travels with it (a trace context).
+
+        ``after``: ids of jobs this one waits for.  It is ``waiting`` (never claimed)
+        until every one of them has finished, and is released in the transaction
+        that finishes the last (docs/workflows.md).  When one of them fails or is
+        cancelled, this job is cancelled with its waiting descendants
+        (``on_parent_failure="cancel"``, the default), or runs all the same
+        (``"run"``).  ``parent_results`` reads their outcomes.
+
         With a ``concurrency_key`` and ``concurrency=N``, at most N jobs of that key
         run at once across all workers; the others wait, status ``throttled``,
-        unclaimed (docs/tasks.md, "Per-key concurrency").
+        unclaimed (docs/workflows.md, "Per-key concurrency").  Not yet with an
+        ``idempotency_key`` or ``after``.
         """
+        if after is not None:
+            if idempotency_key is not None:
+                raise ValueError("after cannot be combined with an idempotency_key")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
+            make_after = self._after_op(
+                [payload],
+                queue,
+                priority,
+                run_at,
+                max_attempts,
+                task,
+                meta,
+                after,
+                on_parent_failure,
+            )
+            ids = await self._execute(make_after, conn=conn, what="enqueue")
+            return int(ids[0])
         make = self._enqueue_op(
             payload,
             queue,
@@ -429,6 +466,8 @@ class AsyncQueue(QueueBase):
             task,
             meta,
             retryable=conn is None,
+            unique_for=unique_for,
+            on_conflict=on_conflict,
             concurrency_key=concurrency_key,
             concurrency=concurrency,
         )
@@ -449,14 +488,40 @@ class AsyncQueue(QueueBase):
         conn: psycopg.AsyncConnection[Any] | None = None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
         concurrency_key: str | Sequence[str | None] | None = None,
         concurrency: int | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order.
 
+        With ``idempotency_keys`` (one per payload, None for none) each keyed job is
+        deduplicated as ``enqueue`` does, against the jobs there and against the
+        earlier rows of the batch; a conflict that raises enqueues none of them.
+        ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
+        waits for every job named (one statement, not a COPY).
         ``concurrency_key``/``concurrency``: as for ``enqueue``; one key for them all, or
         a sequence of one key (or None) per payload.
         """
+        if after is not None:
+            if idempotency_keys is not None:
+                raise ValueError("after cannot be combined with idempotency_keys")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
+            make_after = self._after_op(
+                payloads,
+                queue,
+                priority,
+                run_at,
+                max_attempts,
+                task,
+                meta,
+                after,
+                on_parent_failure,
+            )
+            return list(await self._execute(make_after, conn=conn, what="enqueue_many"))
         make = self._enqueue_many_op(
             payloads,
             queue,
@@ -466,6 +531,8 @@ class AsyncQueue(QueueBase):
             idempotency_keys,
             task,
             meta,
+            unique_for=unique_for,
+            on_conflict=on_conflict,
             concurrency_key=concurrency_key,
             concurrency=concurrency,
         )
@@ -473,6 +540,34 @@ class AsyncQueue(QueueBase):
         # retry looks for them before sending (see _ops.Reserved).
         ids = await self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)
+
+    async def _enqueue_graph(
+        self,
+        rows: Sequence[_ops.GraphRow],
+        edges: Sequence[_ops.Edge],
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        output: Any = None,
+    ) -> list[int]:
+        """Jobs and the edges between them, in one statement (the canvas's path)."""
+        make = self._graph_op(rows, edges, output)
+        return list(await self._execute(make, conn=conn, what="enqueue"))
+
+    async def workflow(self, workflow_id: int) -> dict[str, Any] | None:
+        """A workflow (a canvas deferred by ``skiplock.chain``, ``group``, ``chord``):
+        ``id``, ``output`` (the job ids whose results make its result), ``created_at``
+        and ``steps``, each a dict with ``id``, ``task``, ``status``, ``attempts``,
+        ``max_attempts`` and ``last_error``, in the order written.  None: no such
+        workflow."""
+        got = await self._execute(self._workflow_op(workflow_id), what="workflow")
+        return cast(dict[str, Any] | None, got)
+
+    async def parent_results(self, job_id: int) -> list[dict[str, Any]]:
+        """The jobs ``job_id`` waited for (its ``after``), in the order it named them:
+        one dict each with ``id``, ``status``, ``result`` (the handler's return value,
+        when the queue stores results) and ``last_error``.  A parent dropped by
+        retention has ``status`` None.  A child calls it with its own ``job.id``."""
+        return list(await self._execute(self._parents_op(job_id), what="parent_results"))
 
     # -- consumers -----------------------------------------------------------------------
 
@@ -779,6 +874,81 @@ class AsyncQueue(QueueBase):
         """
         op = self._list_jobs_op(queue, status, limit, before_id)
         return list(await self._execute(op, what="list_jobs"))
+
+    async def find_jobs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        since: datetime | timedelta | None = None,
+        error: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[JobInfo]:
+        """Jobs matching every filter given, newest first: ``q.find_jobs(status="failed")``.
+
+        Parameters
+        ----------
+        status
+            One status (``"failed"``) or several; None: any.
+        queue, task
+            The job's queue; its task name (``module.function`` for an App's task).
+        since
+            An aware datetime, or a timedelta meaning that long ago: jobs finished at
+            or after it, and unfinished jobs created at or after it.
+        error
+            Text the job's ``last_error`` contains, ignoring case.
+        limit
+            At most this many rows (1 to 10,000).
+        before_id
+            Only ids below this one: the next page after a page whose last id it is.
+
+        Returns
+        -------
+        list[JobInfo]
+            Each job's state without payload or result (``get`` has them); ``.error`` is
+            the exception line of ``last_error``.
+
+        Raises
+        ------
+        ValueError, ConfigError
+            A bad filter (an unknown status, a naive datetime), before any query.
+        """
+        op = self._find_jobs_op(status, queue, task, since, error, limit, before_id)
+        return list(await self._execute(op, what="find_jobs"))
+
+    async def retry_jobs(self, job_ids: Sequence[int]) -> RetryReport:
+        """Run failed or cancelled jobs again: an operator's retry, by id.
+
+        Each job becomes pending again, due at once, with ``attempts`` 0: a fresh budget
+        of its ``max_attempts``.  ``last_error`` is kept until the next attempt writes
+        its own; ``finished_at``, ``started_at``, ``worker``, ``result`` and a cancel
+        request are cleared.  The job keeps its id, payload, priority and idempotency
+        key: no new job is made.  A job that is pending, running or done is refused and
+        left as it is, and so is an unknown id; ``RetryReport.refused`` says why, per id.
+        A retry racing another retry or a worker is safe: the status is checked on the
+        locked row, so a job is retried once and claimed once.
+        """
+        report = await self._execute(self._retry_jobs_op(job_ids), what="retry_jobs")
+        return cast(RetryReport, report)
+
+    async def retry_failed(
+        self,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        since: datetime | timedelta | None = None,
+    ) -> RetryReport:
+        """Run every failed job matching the filters again, as ``retry_jobs`` does.
+
+        ``since`` (an aware datetime, or a timedelta meaning that long ago) takes jobs
+        that failed at or after it.  Cancelled jobs are not taken (retry them by id).
+        Jobs go in batches of 500, in id order, each job at most once per call, even if
+        it fails again meanwhile.
+        """
+        op = self._retry_failed_op(queue, task, since)
+        return cast(RetryReport, await self._execute(op, what="retry_failed"))
 
     async def throughput(
         self, *, window: float = 3600.0, bucket: float = 60.0

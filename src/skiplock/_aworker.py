@@ -42,6 +42,7 @@ from ._base import QueueBase, backoff
 from ._cursor import ClaimCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import Handler, Outcome, RunTime, contained, failed_outcome, ok_outcome
+from ._health import DEFAULT_HOST, DEFAULT_STALL
 from ._job import Attempt, Job
 from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
@@ -71,7 +72,9 @@ class AsyncWorker(WorkerBase):
     ``fuse_claims=False`` completes and claims in transactions of their own.
     ``chains`` as in ``Worker``: default 2 with ``fuse_claims`` from concurrency 4,
     each writing on a pooled connection of its own (docs/architecture.md, "Two chains in
-    one Worker").
+    one Worker").  ``health_port``, ``health_host`` and ``health_stall`` as in
+    ``Worker``; /livez also fails when the event loop has not run a callback for
+    ``health_stall`` seconds (a handler that blocks it).
     """
 
     def __init__(
@@ -101,6 +104,9 @@ class AsyncWorker(WorkerBase):
         liveness: bool = True,
         fuse_claims: bool = True,
         chains: int | None = None,
+        health_port: int | None = None,
+        health_host: str = DEFAULT_HOST,
+        health_stall: float = DEFAULT_STALL,
     ) -> None:
         super().__init__(
             queue,
@@ -125,6 +131,9 @@ class AsyncWorker(WorkerBase):
             task_timeouts=task_timeouts,
             liveness=liveness,
             fuse_claims=fuse_claims,
+            health_port=health_port,
+            health_host=health_host,
+            health_stall=health_stall,
         )
         for queue_name, fn in self._handlers.items():
             if not inspect.iscoroutinefunction(fn):
@@ -139,6 +148,11 @@ class AsyncWorker(WorkerBase):
             _AChain(i, *share)
             for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
         ]
+        # The first writer heartbeats: no loop of its own to watch.
+        self._watch(len(self._chains), heartbeat=False)
+        # When the health thread asked the event loop to run a callback it has not run
+        # yet (_stuck): a handler that blocks the loop stops every step at once.
+        self._ping_sent: float | None = None
         # The chain that claimed each job held, and writes its outcome.
         self._chain_of: dict[Attempt, _AChain] = {}
         # Jobs a writer is writing: a heartbeat (the first chain's writer) that finds
@@ -171,6 +185,25 @@ class AsyncWorker(WorkerBase):
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._signal_stop)
+
+    def _stop_asked(self) -> bool:
+        return self._stop_requested
+
+    def _stuck(self, now: float) -> dict[str, float]:
+        stuck = super()._stuck(now)
+        loop, sent = self._loop, self._ping_sent
+        if sent is not None and now - sent > self.health_stall:
+            stuck["event loop"] = now - sent
+        elif sent is None and loop is not None:
+            self._ping_sent = now
+            try:
+                loop.call_soon_threadsafe(self._pong)
+            except RuntimeError:  # the loop closed meanwhile
+                self._ping_sent = None
+        return stuck
+
+    def _pong(self) -> None:
+        self._ping_sent = None
 
     def _signal_stop(self) -> None:
         assert self._stopping is not None and self._wake is not None
@@ -208,6 +241,12 @@ class AsyncWorker(WorkerBase):
         size = 3 + len(self._chains)
         self._q = AsyncQueue.from_settings(self._settings, min_size=1, max_size=size)
         await self._q.open()
+        try:
+            self._start_health()
+        except BaseException:
+            await self._q.close()
+            self._loop = None
+            raise
         helpers = [
             asyncio.create_task(
                 self._writer(chain), name=f"skiplock-{self.name}-writer-{chain.index}"
@@ -240,7 +279,11 @@ class AsyncWorker(WorkerBase):
             await self._claim_loop()
         finally:
             periodic_stop.set()
-            await self._shutdown(helpers)
+            try:
+                await self._shutdown(helpers)
+            finally:
+                await asyncio.to_thread(self._stop_health)
+                self._ping_sent = None
         return self.stats
 
     async def _periodic(self, stop: threading.Event) -> None:
@@ -262,7 +305,8 @@ class AsyncWorker(WorkerBase):
         try:
             while True:
                 try:
-                    n = await asyncio.to_thread(live.step)
+                    with self._steps.step(self.MARK):
+                        n = await asyncio.to_thread(live.step)
                     trouble.ok()
                 except _DB_ERRORS as exc:
                     trouble.failed(exc, "trying again")
@@ -283,7 +327,10 @@ class AsyncWorker(WorkerBase):
         assert self._stopping is not None and self._wake is not None
         self._upkeep_from(time.monotonic())
         failures = 0
+        steps = self._steps
         while not self._stopping.is_set():
+            # A turn's work is one step for /livez; its waits are not (steps.end).
+            steps.begin(self.CLAIM_LOOP)
             now = time.monotonic()
             if self._sweep_due(now):
                 await self._sweep()
@@ -301,6 +348,7 @@ class AsyncWorker(WorkerBase):
                     logger.warning(
                         "worker %s: claim failed (%s); retrying", self.name, one_line(exc)
                     )
+                steps.end(self.CLAIM_LOOP)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         self._stopping.wait(), backoff(failures, base=0.05, cap=5.0)
@@ -314,9 +362,11 @@ class AsyncWorker(WorkerBase):
                 continue  # claim again now that producers notify us
             now = time.monotonic()
             timeout = self._until_upkeep(self._look_again_in(self.poll_interval, now), now)
+            steps.end(self.CLAIM_LOOP)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
+        steps.end(self.CLAIM_LOOP)
 
     async def _say_waiting(self, busy: bool, now: float) -> bool:
         """Write a change of ``waiting`` to our row; True if we turned to waiting."""
@@ -494,6 +544,7 @@ class AsyncWorker(WorkerBase):
         outcomes = chain.outcomes
         assert outcomes is not None and self._beat_now is not None
         beats = chain.index == 0
+        loop = self._writer_loop_name(chain.index)
         pending: list[tuple[Job, Outcome]] = []
         next_beat = time.monotonic() + self.heartbeat_interval if beats else math.inf
         failures = 0
@@ -525,7 +576,8 @@ class AsyncWorker(WorkerBase):
                 return
             if pending:
                 try:
-                    await self._write(pending, chain, recheck=failures > 0)
+                    with self._steps.step(loop):
+                        await self._write(pending, chain, recheck=failures > 0)
                     pending = []
                     failures = 0
                 except Exception as exc:
@@ -548,7 +600,8 @@ class AsyncWorker(WorkerBase):
                             return
                         await asyncio.sleep(backoff(failures, base=0.05, cap=2.0))
             if time.monotonic() >= next_beat:
-                await self._heartbeat()
+                with self._steps.step(loop):
+                    await self._heartbeat()
                 next_beat = time.monotonic() + self.heartbeat_interval
 
     async def _gather_outcomes(

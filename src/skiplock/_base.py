@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 import select
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
@@ -24,7 +25,7 @@ from ._config import (
     validate_schema,
 )
 from ._embedded import embedded_dsn
-from ._errors import ConfigError, DatabaseUnavailable, LeaseLost, PayloadError
+from ._errors import ConfigError, DatabaseUnavailable, DuplicateJob, LeaseLost, PayloadError
 from ._job import Job, skiplock_adapters
 from ._ops import FenceResult, Op
 from ._sql import Statements, statements
@@ -128,6 +129,12 @@ def translate_error(
         return ConfigError(
             f"skiplock schema {settings.schema!r} is missing or not migrated "
             f"on {settings.display_dsn}; run `skiplock migrate`"
+        )
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == "SL409":
+        # enqueue_keyed (migration 0017): the key's holder, as JSON in the DETAIL.
+        held = json.loads(exc.diag.message_detail or "{}")
+        return DuplicateJob(
+            int(held["job_id"]), held["key"], held["queue"], held["status"], held["reason"]
         )
     if isinstance(exc, pgerrors.InsufficientPrivilege):
         if what == "migrate":
@@ -258,6 +265,9 @@ class QueueBase:
     ROTATE_AFTER = 2.0
     ROTATE_IDLE = 3600.0
     UPKEEP_BATCH = 2_000
+    # retry_failed retries this many jobs a statement: a short lock on each batch's rows,
+    # rather than one statement holding every failed job of a big outage.
+    RETRY_BATCH = 500
 
     def _configure(
         self,
@@ -324,27 +334,23 @@ class QueueBase:
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
         retryable: bool = True,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
         concurrency_key: str | None = None,
         concurrency: int | None = None,
     ) -> MakeOp:
         """One job.  ``retryable``: the driver may send it again after a lost reply.
 
-        A keyed insert is safe to repeat as it is (the unique index).  An unkeyed one
-        that may be repeated goes under an id reserved beforehand (``_ops.enqueue_one``:
-        by the previous enqueue's insert, so no extra round trip), so a retry can tell
-        whether the lost attempt committed; in the caller's transaction
-        (``retryable=False``) nothing is repeated, and the plain insert does.
+        It goes under an id reserved beforehand (by the previous enqueue's insert, so no
+        extra round trip; ``_ops.enqueue_one``), so a retry can tell whether the lost
+        attempt committed; in the caller's transaction (``retryable=False``) nothing is
+        repeated, and an unkeyed job takes the plain insert.  A keyed one goes through
+        ``enqueue_keyed`` (migration 0017), which decides what a held key gets.
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         _check_concurrency(concurrency_key, concurrency)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
-        if idempotency_key is not None:
-            _check_key(idempotency_key)
         meta_text = _meta_text(task, meta)
-        if idempotency_key is not None:
-            # This insert takes a newer id than the spare: a later unkeyed enqueue must
-            # not go under an older one (one producer's ids follow its enqueues).
-            self._spare_ids.clear()
         row: dict[str, Any] = {
             "queue": queue,
             "payload": text,
@@ -356,13 +362,38 @@ class QueueBase:
             "concurrency_key": concurrency_key,
             "concurrency": concurrency,
         }
-        if idempotency_key is None and retryable:
-            held = _ops.Reserved()
-            spares = self._spare_ids
-            return lambda after: _ops.enqueue_one(
-                self._stmts, **row, reserved=held, spares=spares, retry=after
+        held = _ops.Reserved()
+        spares = self._spare_ids
+        if idempotency_key is None:
+            if unique_for is not None or on_conflict != "return":
+                raise ConfigError("unique_for and on_conflict need an idempotency key")
+            if retryable:
+                return lambda after: _ops.enqueue_one(
+                    self._stmts, **row, reserved=held, spares=spares, retry=after
+                )
+            return lambda _after: _ops.enqueue(self._stmts, **row)
+        if concurrency_key is not None:
+            raise ValueError(_KEYS_TOGETHER)
+        del row["concurrency_key"], row["concurrency"]
+        _check_key(idempotency_key)
+        seconds = check_unique(unique_for, on_conflict)
+        payloads = [row.pop("payload")]
+
+        def keyed(after: bool) -> Op[int]:
+            ids = yield from _ops.enqueue_keyed(
+                self._stmts,
+                **row,
+                payloads=payloads,
+                keys=[idempotency_key],
+                unique_for=seconds,
+                on_conflict=on_conflict,
+                reserved=held,
+                spares=spares,
+                retry=after,
             )
-        return lambda _after: _ops.enqueue(self._stmts, **row, key=idempotency_key)
+            return ids[0]
+
+        return keyed
 
     def _enqueue_many_op(
         self,
@@ -374,6 +405,8 @@ class QueueBase:
         idempotency_keys: Sequence[str | None] | None,
         task: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
         concurrency_key: str | Sequence[str | None] | None = None,
         concurrency: int | None = None,
     ) -> MakeOp:
@@ -393,7 +426,9 @@ class QueueBase:
             for ck in ckeys:
                 if ck is not None:
                     _check_concurrency(ck, concurrency)
-        self._spare_ids.clear()  # as for a keyed enqueue: ids follow the enqueues
+        if ckeys is not None and idempotency_keys is not None:
+            raise ValueError(_KEYS_TOGETHER)
+        self._spare_ids.clear()  # ids follow the enqueues: a later one takes newer ids
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
         # Encode everything first: one bad payload rejects the batch before any I/O.
@@ -403,10 +438,15 @@ class QueueBase:
                 texts.append(_ops.encode_payload(p, limit))
             except PayloadError as exc:
                 raise PayloadError(f"payload #{n}: {exc}") from None
+        keyed = False
         if idempotency_keys is not None:
             for k in idempotency_keys:
                 if k is not None:
                     _check_key(k)
+                    keyed = True
+        if not keyed and (unique_for is not None or on_conflict != "return"):
+            raise ConfigError("unique_for and on_conflict need idempotency keys")
+        seconds = check_unique(unique_for, on_conflict)
         keys = list(idempotency_keys) if idempotency_keys is not None else None
         held = _ops.Reserved()
         return lambda after: _ops.enqueue_many(
@@ -421,9 +461,66 @@ class QueueBase:
             meta=meta_text,
             reserved=held,
             retry=after,
+            unique_for=seconds,
+            on_conflict=on_conflict,
             concurrency_keys=ckeys,
             concurrency=concurrency,
         )
+
+    def _graph_op(
+        self, rows: Sequence[_ops.GraphRow], edges: Sequence[_ops.Edge], output: Any = None
+    ) -> MakeOp:
+        """Jobs with dependencies (``_ops.enqueue_graph``); ids reserved once, kept for
+        the retries."""
+        self._spare_ids.clear()  # as for enqueue_many: ids follow the enqueues
+        held = _ops.Reserved()
+        return lambda after: _ops.enqueue_graph(
+            self._stmts, rows=rows, edges=edges, reserved=held, retry=after, output=output
+        )
+
+    def _workflow_op(self, workflow_id: int) -> MakeOp:
+        _check_job_id(workflow_id)
+        return lambda _after: _workflow(self._stmts, workflow_id)
+
+    def _after_op(
+        self,
+        payloads: Sequence[Any],
+        queue: str,
+        priority: int,
+        run_at: datetime | None,
+        max_attempts: int,
+        task: str | None,
+        meta: Mapping[str, Any] | None,
+        after: Sequence[int],
+        on_parent_failure: str,
+    ) -> MakeOp:
+        """Every job of ``payloads`` waits for every job of ``after``."""
+        _check_enqueue_options(queue, priority, run_at, max_attempts)
+        parents = check_after(after)
+        cancel = check_on_parent_failure(on_parent_failure)
+        meta_text = _meta_text(task, meta)
+        limit = self.settings.max_payload_bytes
+        rows = []
+        for n, p in enumerate(payloads):
+            try:
+                text = _ops.encode_payload(p, limit)
+            except PayloadError as exc:
+                raise PayloadError(
+                    f"payload #{n}: {exc}" if len(payloads) > 1 else str(exc)
+                ) from None
+            rows.append(
+                _ops.GraphRow(queue, text, int(priority), run_at, max_attempts, task, meta_text)
+            )
+        edges = [
+            _ops.Edge(parent, child, pos, cancel)
+            for child in range(len(rows))
+            for pos, parent in enumerate(parents)
+        ]
+        return self._graph_op(rows, edges)
+
+    def _parents_op(self, job_id: int) -> MakeOp:
+        _check_job_id(job_id)
+        return lambda _after: _parents(self._stmts, job_id)
 
     def _claim_op(
         self,
@@ -584,6 +681,53 @@ class QueueBase:
         _check_job_id(job_id)
         return lambda _after: _control.requeue(self._stmts, job_id)
 
+    def _find_jobs_op(
+        self,
+        status: str | Sequence[str] | None,
+        queue: str | None,
+        task: str | None,
+        since: datetime | timedelta | None,
+        error: str | None,
+        limit: int,
+        before_id: int | None,
+    ) -> MakeOp:
+        if isinstance(status, str):
+            status = [status]
+        if status is not None:
+            for s in status:
+                _check_status(s)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        if before_id is not None:
+            _check_job_id(before_id)
+        if error is not None and (not isinstance(error, str) or not error or "\x00" in error):
+            raise ValueError(f"error must be a non-empty string without NUL, not {error!r}")
+        params = {
+            **_filters(queue, task, since),
+            "statuses": None if status is None else list(status),
+            "error": error,
+            "limit": limit,
+            "before": before_id,
+        }
+        return lambda _after: _control.find_jobs(self._stmts, params)
+
+    def _retry_jobs_op(self, job_ids: Sequence[int]) -> MakeOp:
+        if isinstance(job_ids, int | str):
+            raise ValueError(f"job ids must be a sequence of ids, not {job_ids!r}")
+        ids = list(job_ids)
+        for job_id in ids:
+            _check_job_id(job_id)
+        progress = _control.RetryProgress()
+        return lambda _after: _control.retry_jobs(self._stmts, ids, progress)
+
+    def _retry_failed_op(
+        self, queue: str | None, task: str | None, since: datetime | timedelta | None
+    ) -> MakeOp:
+        filters = _filters(queue, task, since)
+        progress = _control.RetryProgress()
+        batch = self.RETRY_BATCH
+        return lambda _after: _control.retry_failed(self._stmts, filters, progress, batch)
+
     def _delete_op(self, job_id: int) -> MakeOp:
         _check_job_id(job_id)
         return lambda _after: _control.delete(self._stmts, job_id)
@@ -641,6 +785,52 @@ def _meta_text(task: str | None, meta: Mapping[str, Any] | None) -> str | None:
         raise PayloadError(f"job meta: {exc}") from None
 
 
+ON_CONFLICT = ("return", "replace", "raise")
+
+
+def check_unique(unique_for: float | timedelta | None, on_conflict: str) -> float | None:
+    """``unique_for`` in seconds (None: for as long as the job is kept), checked with
+    ``on_conflict``; ConfigError in one line otherwise."""
+    if on_conflict not in ON_CONFLICT:
+        raise ConfigError(
+            f"on_conflict must be one of {', '.join(map(repr, ON_CONFLICT))}, not {on_conflict!r}"
+        )
+    if unique_for is None:
+        return None
+    if isinstance(unique_for, timedelta):
+        seconds = unique_for.total_seconds()
+    elif type(unique_for) in (int, float):
+        seconds = float(unique_for)
+    else:
+        raise ConfigError(
+            f"unique_for must be seconds or a timedelta (or None), not {unique_for!r:.40}"
+        )
+    if not 0 <= seconds < float("inf"):
+        raise ConfigError(f"unique_for must be zero or more seconds, not {unique_for!r:.40}")
+    return seconds
+
+
+def check_after(after: Sequence[int]) -> list[int]:
+    """The ids of ``after=``: job ids, each named once."""
+    if isinstance(after, str | bytes) or not isinstance(after, Sequence):
+        raise ValueError(f"after must be a sequence of job ids, not {after!r:.40}")
+    out: list[int] = []
+    for p in after:
+        if type(p) is not int or p < 1:
+            raise ValueError(f"after must hold job ids (positive integers), not {p!r:.40}")
+        if p in out:
+            raise ValueError(f"after names job {p} twice")
+        out.append(p)
+    return out
+
+
+def check_on_parent_failure(value: str) -> bool:
+    """True: a failed or cancelled parent cancels the child ("cancel"); "run": it runs."""
+    if value not in ("cancel", "run"):
+        raise ValueError(f'on_parent_failure must be "cancel" or "run", not {value!r:.40}')
+    return value == "cancel"
+
+
 def _check_enqueue_options(
     queue: str, priority: int, run_at: datetime | None, max_attempts: int
 ) -> None:
@@ -648,7 +838,11 @@ def _check_enqueue_options(
     validate_queue(queue)
     _check_attempts(max_attempts)
     _check_priority(priority)
-    _check_run_at(run_at)
+    check_run_at(run_at)
+
+
+# Not yet: the unique-key path (migration 0017) inserts through statements of its own.
+_KEYS_TOGETHER = "concurrency_key cannot be combined with an idempotency key (not built yet)"
 
 
 def _check_concurrency(key: str | None, concurrency: int | None) -> None:
@@ -685,9 +879,53 @@ def _check_priority(priority: int) -> None:
         )
 
 
-def _check_run_at(run_at: datetime | None) -> None:
-    if run_at is not None and not isinstance(run_at, datetime):
+def check_run_at(run_at: datetime | None) -> None:
+    """ValueError for a run_at that is not an aware datetime (or None).
+
+    A naive datetime is refused, not read as UTC or as local time: either guess is
+    hours off for someone, and the job would run at once or hours late.
+    """
+    if run_at is None:
+        return
+    if not isinstance(run_at, datetime):
         raise ValueError(f"run_at must be a datetime or None, not {run_at!r:.40}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise ValueError(
+            f"run_at {run_at.isoformat()} has no timezone; pass an aware datetime, "
+            "such as datetime.now(UTC) + timedelta(hours=1) or dt.replace(tzinfo=...)"
+        )
+
+
+def _check_status(status: str) -> None:
+    if status not in _control.STATUSES:
+        raise ValueError(
+            f"unknown status {status!r}; one of {', '.join(sorted(_control.STATUSES))}"
+        )
+
+
+def _filters(
+    queue: str | None, task: str | None, since: datetime | timedelta | None
+) -> dict[str, Any]:
+    """The queue, task and since filters of find_jobs and retry_failed, checked."""
+    if queue is not None:
+        validate_queue(queue)
+    if task is not None:
+        check_task_name(task)
+    if isinstance(since, timedelta):
+        if since < timedelta(0):
+            raise ValueError(f"since must not be a negative timedelta, not {since!r}")
+        # From this machine's clock, as a delay is: close enough for "the last hour".
+        since_param: Any = datetime.now(UTC) - since
+    elif since is None or isinstance(since, datetime):
+        if since is not None and (since.tzinfo is None or since.utcoffset() is None):
+            raise ValueError(
+                f"since {since.isoformat()} has no timezone; pass an aware datetime "
+                "or a timedelta (that long ago)"
+            )
+        since_param = since
+    else:
+        raise ValueError(f"since must be a datetime, a timedelta or None, not {since!r:.40}")
+    return {"queue": queue, "task": task, "since": since_param}
 
 
 def _check_lease(lease: float) -> None:
@@ -730,6 +968,28 @@ def _single(query: Any, params: dict[str, Any]) -> Op[list[dict[str, Any]]]:
 def _count_rows(query: Any, params: dict[str, Any]) -> Op[int]:
     rows = yield _ops.Execute(query, params)
     return int(rows[0]["n"])
+
+
+def _workflow(stmts: Statements, workflow_id: int) -> Op[dict[str, Any] | None]:
+    rows = yield _ops.Execute(stmts.workflow, {"id": workflow_id})
+    if not rows:
+        return None
+    steps = [
+        {k: r[k] for k in ("id", "task", "status", "attempts", "max_attempts", "last_error")}
+        for r in rows
+    ]
+    first = rows[0]
+    return {
+        "id": int(first["workflow"]),
+        "output": first["output"],
+        "created_at": first["created_at"],
+        "steps": steps,
+    }
+
+
+def _parents(stmts: Statements, job_id: int) -> Op[list[dict[str, Any]]]:
+    rows = yield _ops.Execute(stmts.parents, {"id": job_id})
+    return [dict(r) for r in rows]
 
 
 def _get(stmts: Statements, job_id: int) -> Op[Job | None]:

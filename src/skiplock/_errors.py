@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "JobCancelled",
     "JobFailed",
@@ -13,6 +14,7 @@ __all__ = [
     "PayloadError",
     "Retry",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "UnknownJob",
     "UnknownQueue",
 ]
@@ -67,12 +69,43 @@ class UnknownQueue(ConfigError, LookupError):
         super().__init__(f"{told}; {hint}" if hint else told)
 
 
+class DuplicateJob(SkiplockError):
+    """An enqueue's idempotency key is held by another job, and the enqueue may not be
+    answered with that job's id: its arguments differ, it has started (a replace came
+    too late), or ``on_conflict="raise"``.  Nothing was enqueued.
+
+    ``job_id`` is the job holding the key, ``status`` its status when looked at, and
+    ``reason`` one of ``"arguments"``, ``"started"``, ``"exists"``.
+    """
+
+    def __init__(self, job_id: int, key: str, queue: str, status: str, reason: str) -> None:
+        self.job_id = job_id
+        self.key = key
+        self.queue = queue
+        self.status = status
+        self.reason = reason
+        held = f"key {key!r} in queue {queue!r} is held by job {job_id} ({status})"
+        if reason == "arguments":
+            why = (
+                "with other arguments; pass on_conflict='replace' to replace them "
+                "while it has not started, or use another key"
+            )
+        elif reason == "started":
+            why = "which has started: its arguments can no longer be replaced"
+        else:
+            why = "and on_conflict='raise'"
+        super().__init__(f"{held} {why}")
+
+
 class JobStateError(SkiplockError):
     """The job is not in a state that allows the operation (cancel a finished job)."""
 
 
 class JobFailed(SkiplockError):
-    """``wait`` found the job ended ``failed``; ``error`` is its last error."""
+    """``wait`` found the job ended ``failed``; ``error`` is its last error.  Waiting
+    on a workflow, ``job_id`` is the step that failed and ``workflow_id`` is set."""
+
+    workflow_id: int | None = None
 
     def __init__(self, job_id: int, error: str | None) -> None:
         self.job_id = job_id
@@ -82,7 +115,9 @@ class JobFailed(SkiplockError):
 
 
 class JobCancelled(SkiplockError):
-    """``wait`` found the job ended ``cancelled``."""
+    """``wait`` found the job ended ``cancelled`` (a workflow's step: ``workflow_id``)."""
+
+    workflow_id: int | None = None
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
@@ -92,7 +127,9 @@ class JobCancelled(SkiplockError):
 class Retry(Exception):
     """Raise from a handler to ask for another attempt after ``delay`` seconds.
 
-    The attempt counts; a job with no attempts left ends ``failed``.
+    The attempt counts; a job with no attempts left ends ``failed``.  ``raise Retry(5)
+    from exc`` (or a Retry raised while handling ``exc``) keeps ``exc`` in the job's
+    ``last_error``: "retry requested: ValueError: boom", then its traceback.
     """
 
     def __init__(self, delay: float = 0.0, reason: str | None = None) -> None:
@@ -103,3 +140,10 @@ class Retry(Exception):
 
 class Fail(Exception):
     """Raise from a handler to end the job as ``failed`` at once, with no retry."""
+
+
+class SoftTimeLimitExceeded(Exception):
+    """Raised inside a task running in a process pool (``pool="process"``) when it
+    passes its ``soft_timeout``: catch it to clean up before the hard ``timeout`` kills
+    the child.  Left uncaught, the attempt fails (and is retried) with its traceback.
+    """

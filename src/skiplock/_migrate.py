@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from psycopg import sql
 
@@ -9,7 +11,7 @@ from ._errors import ConfigError
 from ._ops import Execute, Op
 from ._sql import migrations
 
-__all__ = ["migrate_op", "schema_version"]
+__all__ = ["applied_versions", "migrate_op", "schema_version"]
 
 _LOCK_KEY = "skiplock.migrate:"
 
@@ -27,6 +29,22 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
         )
     ).fetchone()
     return int(row[0]) if row else 0  # type: ignore[call-overload]
+
+
+def applied_versions(conn: psycopg.Connection[Any], schema: str) -> set[int]:
+    """The migrations applied to ``schema``, none when it has no migrations table.
+
+    By set, as ``migrate`` applies them: a schema at 15 that lacks 14 is not current.
+    """
+    table = conn.execute(
+        "SELECT to_regclass(format('%%I.migrations', %s::text))", (schema,)
+    ).fetchone()
+    if table is None or table[0] is None:
+        return set()
+    rows = conn.execute(
+        sql.SQL("SELECT version FROM {}.migrations").format(sql.Identifier(schema))
+    ).fetchall()
+    return {int(r[0]) for r in rows}
 
 
 def migrate_op(schema: str) -> Op[list[int]]:

@@ -20,13 +20,14 @@ from typing import Any, TypeVar, cast
 from psycopg import errors as pgerrors
 from psycopg import sql
 
-from ._errors import PayloadError, SkiplockError
+from ._errors import PayloadError, SkiplockError, UnknownJob
 from ._job import ClaimedRow, Job, claimed_rows
 from ._sql import Statements
 
 __all__ = [
     "ClaimPosition",
     "Copy",
+    "Edge",
     "Execute",
     "FenceResult",
     "Op",
@@ -34,6 +35,8 @@ __all__ = [
     "claim",
     "encode_payload",
     "enqueue",
+    "enqueue_graph",
+    "enqueue_keyed",
     "enqueue_many",
     "fenced",
     "resumed",
@@ -112,42 +115,93 @@ def enqueue(
     priority: int,
     run_at: datetime | None,
     max_attempts: int,
-    key: str | None,
     task: str | None = None,
     meta: str | None = None,
     concurrency_key: str | None = None,
     concurrency: int | None = None,
 ) -> Op[int]:
+    """One unkeyed job in the caller's transaction (nothing is retried there)."""
     params = {
         "queue": queue,
         "payload": payload,
         "priority": priority,
         "run_at": run_at,
         "max_attempts": max_attempts,
-        "idempotency_key": key,
         "task": task,
         "meta": meta,
         "concurrency_key": concurrency_key,
         "concurrency": concurrency,
-        "schema": stmts.schema,
     }
-    if key is None:
-        rows = yield Execute(stmts.enqueue_plain, params)
-        return int(rows[0]["id"])
-    # The key's row decides; the lookup runs as a new statement so that under READ
-    # COMMITTED it sees the row whose commit made our insert conflict.  A key dropped
-    # with its job in between makes the insert succeed on the next round.
+    rows = yield Execute(stmts.enqueue_plain, params)
+    return int(rows[0]["id"])
+
+
+def enqueue_keyed(
+    stmts: Statements,
+    *,
+    queue: str,
+    payloads: Sequence[str],
+    keys: Sequence[str | None],
+    priority: int,
+    run_at: datetime | None,
+    max_attempts: int,
+    task: str | None,
+    meta: str | None,
+    unique_for: float | None,
+    on_conflict: str,
+    reserved: Reserved,
+    spares: list[tuple[int, float]] | None = None,
+    retry: bool = False,
+) -> Op[list[int]]:
+    """Jobs of which some have an idempotency key, under ids reserved beforehand; each
+    row's id is its own, or that of the job holding its key (migration 0017 decides,
+    and raises SQLSTATE SL409 for a conflict it must not answer with the holder).
+
+    ``spares`` (a single enqueue): take a spare id as ``enqueue_one`` does, and leave
+    the next one.  ``retry``: an earlier attempt with ``reserved`` may have committed
+    unseen; the function counts the rows it finds under our ids as ours.
+    """
+    n = len(payloads)
     for _ in range(3):
-        rows = yield Execute(stmts.enqueue, params)
-        if rows:
-            return int(rows[0]["id"])
-        rows = yield Execute(stmts.find_by_keys, {"queues": [queue], "keys": [key]})
-        if rows:
-            return int(rows[0]["id"])
-    raise SkiplockError(
-        f"enqueue with idempotency key {key!r} conflicts with a row this transaction "
-        "cannot see; run it at READ COMMITTED"
-    )
+        if reserved.ids is None:
+            spare = _fresh_spare(spares) if spares is not None and n == 1 else None
+            if spare is not None:
+                reserved.ids = [spare]
+            else:
+                rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
+                reserved.ids = [int(r["nextval"]) for r in rows]
+        params = {
+            "ids": reserved.ids,
+            "queue": queue,
+            "payloads": list(payloads),
+            "keys": list(keys),
+            "priority": priority,
+            "run_at": run_at,
+            "max_attempts": max_attempts,
+            "task": task,
+            "meta": meta,
+            "unique_for": unique_for,
+            "on_conflict": on_conflict,
+            "retry": retry,
+            "spare": spares is not None,
+            "schema": stmts.schema,
+        }
+        try:
+            rows = yield Execute(stmts.enqueue_keyed, params)
+        except pgerrors.UniqueViolation as exc:
+            if not _is_id_collision(exc):
+                raise
+            # Our ids were handed out twice (see _taken); rows under them are not ours.
+            reserved.ids = None
+            retry = False
+            continue
+        out = [0] * n
+        for r in rows:
+            out[int(r["n"]) - 1] = int(r["id"])
+        if spares is not None and rows and rows[0]["spare"] is not None:
+            spares.append((int(rows[0]["spare"]), time.monotonic()))
+        return out
+    raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
 
 
 @dataclass
@@ -178,68 +232,165 @@ def enqueue_many(
     meta: str | None = None,
     reserved: Reserved | None = None,
     retry: bool = False,
-    copy: bool = True,
+    unique_for: float | None = None,
+    on_conflict: str = "return",
     concurrency_keys: Sequence[str | None] | None = None,
     concurrency: int | None = None,
 ) -> Op[list[int]]:
     """Insert ``payloads`` with ids reserved first; see ``Reserved`` for the retry.
 
     ``retry``: an earlier attempt with the same ``reserved`` may have committed unseen.
-    ``copy``: send unkeyed rows with COPY (one statement, but an extra round trip to
-    start it: worth it for a batch, not for one row).
+    Unkeyed rows go with one COPY; a batch with any key goes to ``enqueue_keyed``.
     """
     n = len(payloads)
     if n == 0:
         return []
     if keys is not None and len(keys) != n:
         raise ValueError(f"{n} payloads but {len(keys)} idempotency keys")
-    row_keys: list[str | None] = list(keys) if keys is not None else [None] * n
     if concurrency_keys is not None and len(concurrency_keys) != n:
         raise ValueError(f"{n} payloads but {len(concurrency_keys)} concurrency keys")
-    row_ckeys = list(concurrency_keys) if concurrency_keys is not None else [None] * n
     held = reserved if reserved is not None else Reserved()
+    if keys is not None and any(k is not None for k in keys):
+        return (
+            yield from enqueue_keyed(
+                stmts,
+                queue=queue,
+                payloads=payloads,
+                keys=keys,
+                priority=priority,
+                run_at=run_at,
+                max_attempts=max_attempts,
+                task=task,
+                meta=meta,
+                unique_for=unique_for,
+                on_conflict=on_conflict,
+                reserved=held,
+                retry=retry,
+            )
+        )
     for _ in range(3):
         if held.ids is None:
             rows = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
             held.ids = [int(r["nextval"]) for r in rows]
-        elif retry:
-            present = yield from _present(stmts, held.ids, queue)
-            if present:
-                return (yield from _resolve(stmts, queue, held.ids, row_keys, present))
+        elif retry and (yield from _present(stmts, held.ids, queue)):
+            # The rows of one COPY commit together: the lost attempt committed all.
+            return held.ids
         ids = held.ids
         try:
-            # COPY's column lists have no concurrency key: keyed jobs go by enqueue_rows.
-            if copy and all(k is None for k in row_keys) and all(k is None for k in row_ckeys):
-                yield _copy_step(
-                    stmts, ids, queue, payloads, priority, max_attempts, task, meta, run_at
-                )
-                return ids
-            rows = yield Execute(
-                stmts.enqueue_rows,
-                {
-                    "ids": ids,
-                    "queues": [queue] * n,
-                    "payloads": list(payloads),
-                    "priorities": [priority] * n,
-                    "run_ats": [run_at] * n,
-                    "max_attempts": [max_attempts] * n,
-                    "keys": row_keys,
-                    "task": task,
-                    "meta": meta,
-                    "concurrency_keys": row_ckeys,
-                    "concurrency": concurrency,
-                },
+            yield _copy_step(
+                stmts,
+                ids,
+                queue,
+                payloads,
+                priority,
+                max_attempts,
+                task,
+                meta,
+                run_at,
+                concurrency_keys,
+                concurrency,
             )
+            return ids
         except pgerrors.UniqueViolation as exc:
             if not _is_id_collision(exc):
                 raise
-            present = yield from _taken(stmts, ids, queue, retry)
-            if present:
-                return (yield from _resolve(stmts, queue, ids, row_keys, present))
+            if (yield from _taken(stmts, ids, queue, retry)):
+                return ids
             held.ids = None
             continue
-        return (yield from _resolve(stmts, queue, ids, row_keys, {int(r["id"]) for r in rows}))
     raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRow:
+    """One job of ``enqueue_graph``, its payload and meta already encoded."""
+
+    queue: str
+    payload: str
+    priority: int
+    run_at: datetime | None
+    max_attempts: int
+    task: str | None = None
+    meta: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """``child`` (an index into the batch) waits for ``parent``: another index into the
+    batch when ``local``, else the id of a job that exists.  ``pos``: the parent's place
+    among the child's parents.  ``cancel``: the parent's failure cancels the child."""
+
+    parent: int
+    child: int
+    pos: int
+    cancel: bool = True
+    local: bool = False
+
+
+def enqueue_graph(
+    stmts: Statements,
+    *,
+    rows: Sequence[GraphRow],
+    edges: Sequence[Edge],
+    reserved: Reserved,
+    retry: bool = False,
+    output: Any = None,
+) -> Op[list[int]]:
+    """Insert ``rows`` and the ``edges`` between them in one statement (migration 0016's
+    ``enqueue_graph``); returns the rows' ids in order.  Ids are reserved first, so
+    that edges can name rows of the batch and a retry can look for them (``Reserved``):
+    the rows of one statement commit together, so the first is enough to look for.
+    ``output``: a workflow's output, batch indices nested in lists; not None records
+    the batch as a workflow under its first id."""
+    n = len(rows)
+    if n == 0:
+        return []
+    for _ in range(3):
+        if reserved.ids is None:
+            got = yield Execute(stmts.reserve_ids, {"schema": stmts.schema, "n": n})
+            reserved.ids = [int(r["nextval"]) for r in got]
+        elif retry and (yield from _present(stmts, reserved.ids[:1], rows[0].queue)):
+            return reserved.ids
+        ids = reserved.ids
+        try:
+            yield Execute(
+                stmts.enqueue_graph,
+                {
+                    "ids": ids,
+                    "queues": [r.queue for r in rows],
+                    "payloads": [r.payload for r in rows],
+                    "priorities": [r.priority for r in rows],
+                    "run_ats": [r.run_at for r in rows],
+                    "max_attempts": [r.max_attempts for r in rows],
+                    "tasks": [r.task for r in rows],
+                    "metas": [r.meta for r in rows],
+                    "parents": [ids[e.parent] if e.local else e.parent for e in edges],
+                    "children": [ids[e.child] for e in edges],
+                    "positions": [e.pos for e in edges],
+                    "cancels": [e.cancel for e in edges],
+                    "workflow": None if output is None else json.dumps(_ids_of(output, ids)),
+                },
+            )
+        except pgerrors.NoDataFound as exc:
+            # The function names the first parent it could not find.
+            missing = re.search(r"no job (\d+)", str(exc.diag.message_primary or ""))
+            raise UnknownJob(int(missing[1]) if missing else 0) from None
+        except pgerrors.UniqueViolation as exc:
+            if not _is_id_collision(exc):
+                raise
+            if (yield from _taken(stmts, ids[:1], rows[0].queue, retry)):
+                return ids
+            reserved.ids = None
+            continue
+        return ids
+    raise SkiplockError("enqueue: the reserved job ids kept colliding with other rows")
+
+
+def _ids_of(shape: Any, ids: Sequence[int]) -> Any:
+    """A nested list of batch indices, with each index replaced by its job id."""
+    if isinstance(shape, int):
+        return ids[shape]
+    return [_ids_of(s, ids) for s in shape]
 
 
 def enqueue_one(
@@ -348,7 +499,28 @@ def _copy_step(
     task: str | None,
     meta: str | None,
     run_at: datetime | None,
+    concurrency_keys: Sequence[str | None] | None = None,
+    concurrency: int | None = None,
 ) -> Copy:
+    if concurrency_keys is not None:
+        # Jobs with concurrency keys (migration 0018) have COPYs of their own, so that
+        # jobs without send what they always did.
+        limits = [None if k is None else concurrency for k in concurrency_keys]
+        if run_at is None:
+            return Copy(
+                stmts.copy_jobs_concurrency,
+                [
+                    (i, queue, p, priority, max_attempts, task, meta, k, c)
+                    for i, p, k, c in zip(ids, payloads, concurrency_keys, limits, strict=True)
+                ],
+            )
+        return Copy(
+            stmts.copy_jobs_concurrency_at,
+            [
+                (i, queue, p, priority, max_attempts, task, meta, k, c, run_at)
+                for i, p, k, c in zip(ids, payloads, concurrency_keys, limits, strict=True)
+            ],
+        )
     if run_at is None:
         return Copy(
             stmts.copy_jobs,
@@ -370,36 +542,6 @@ def _present(stmts: Statements, ids: Sequence[int], queue: str) -> Op[set[int]]:
     """Which of our reserved ids hold rows of our queue."""
     rows = yield Execute(stmts.enqueued_ids, {"ids": list(ids), "queue": queue})
     return {int(r["id"]) for r in rows}
-
-
-def _resolve(
-    stmts: Statements,
-    queue: str,
-    ids: Sequence[int],
-    keys: Sequence[str | None],
-    inserted: set[int],
-) -> Op[list[int]]:
-    """Each row's job id: its own if inserted, else the id of the row holding its key."""
-    skipped = [k for i, k in zip(ids, keys, strict=True) if i not in inserted and k is not None]
-    existing: dict[str, int] = {}
-    if skipped:
-        rows = yield Execute(
-            stmts.find_by_keys, {"queues": [queue] * len(skipped), "keys": skipped}
-        )
-        existing = {r["idempotency_key"]: int(r["id"]) for r in rows}
-    out: list[int] = []
-    for i, k in zip(ids, keys, strict=True):
-        if i in inserted or k is None:
-            # An unkeyed row missing from a committed statement was deleted since.
-            out.append(i)
-        elif k in existing:
-            out.append(existing[k])
-        else:
-            raise SkiplockError(
-                f"enqueue with idempotency key {k!r} conflicts with a row "
-                "this transaction cannot see"
-            )
-    return out
 
 
 def claim(

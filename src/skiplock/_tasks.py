@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import functools
 import inspect
 import string
 import sys
+import threading
 import traceback
 import types
 import typing
@@ -28,9 +30,10 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
-from ._base import _check_enqueue_options, check_task_name
+from ._base import _check_enqueue_options, check_run_at, check_task_name, check_unique
+from ._canvas import Signature, Workflow, needs_parents, parent_arg, wait_workflow
 from ._config import RetryPolicy, validate_queue
-from ._errors import ConfigError, Fail, PayloadError, Retry
+from ._errors import ConfigError, Fail, PayloadError, Retry, UnknownJob
 from ._handlers import run_coroutine
 from ._job import Job
 from ._ops import encode_payload
@@ -122,7 +125,13 @@ class Task(Generic[R]):
         retry: RetryPolicy | None,
         timeout: float | None,
         lease: float | None,
+        retry_on: tuple[type[BaseException], ...] | None = None,
+        no_retry_on: tuple[type[BaseException], ...] = (),
+        key: str | Callable[..., str] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
         localns: Mapping[str, Any] | None = None,
+        soft_timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency: int | None = None,
     ) -> None:
@@ -134,7 +143,13 @@ class Task(Generic[R]):
         self.max_attempts = max_attempts
         self.retry = retry
         self.timeout = timeout
+        self.soft_timeout = soft_timeout
         self.lease = lease
+        self.retry_on = retry_on
+        self.no_retry_on = no_retry_on
+        self.key = key
+        self.unique_for = unique_for
+        self.on_conflict = on_conflict
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -168,6 +183,10 @@ class Task(Generic[R]):
             params.append(p)
         # The signature a deferral binds against: the function's, without its Job.
         self._signature = sig.replace(parameters=params)
+        if concurrency_key is not None and key is not None:
+            raise ConfigError(
+                f"task {name!r}: concurrency_key cannot be combined with key (not built yet)"
+            )
         self.concurrency_key = concurrency_key
         self.concurrency = concurrency
         if concurrency_key is None:
@@ -206,12 +225,46 @@ class Task(Generic[R]):
 
     # -- producers -----------------------------------------------------------------------
 
-    def encode(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    def s(self, *args: Any, **kwargs: Any) -> Signature:
+        """A signature for a canvas (``skiplock.chain``, ``group``, ``chord``): in a
+        chain, it takes the previous step's result as its first positional argument."""
+        return Signature(self, args, kwargs, immutable=False)
+
+    def si(self, *args: Any, **kwargs: Any) -> Signature:
+        """An immutable signature: in a chain, it waits for the previous step but
+        takes nothing from it."""
+        return Signature(self, args, kwargs, immutable=True)
+
+    def first_param(self) -> str:
+        """The parameter a previous step's result fills (``s`` in a chain): the first
+        one that may be given by position, the Job aside."""
+        for p in self._signature.parameters.values():
+            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                return p.name
+            break
+        raise TypeError(
+            f"{self.name}.s(): the task has no first positional parameter to take the "
+            f"previous step's result; use {self.name}.si(...)"
+        )
+
+    def encode(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], *, from_parent: bool = False
+    ) -> dict[str, Any]:
         """The job payload of a call: arguments by name, validated, JSON-ready.
 
         Raises TypeError for a call that does not bind to the function (a missing or
         misspelt argument) and PayloadError for a value JSON cannot carry.
+        ``from_parent``: the first positional parameter is left out, for a canvas
+        step whose previous step's result fills it when it runs.
         """
+        if from_parent:
+            first = self.first_param()
+            if first in kwargs:
+                raise TypeError(
+                    f"{self.name}.s(): {first!r} is given, but takes the previous "
+                    f"step's result; use {self.name}.si(...) to give it yourself"
+                )
+            args = (_FROM_PARENT, *args)
         if self._var_kw is None:
             # A misspelt name is the likeliest mistake: say so (and what was meant)
             # rather than report the argument it left missing.
@@ -230,6 +283,8 @@ class Task(Generic[R]):
             raise TypeError(f"{self.name}.defer(): {exc}") from None
         out: dict[str, Any] = {}
         for pname, value in bound.arguments.items():
+            if value is _FROM_PARENT:
+                continue
             if pname == self._var_kw:
                 out.update(value)
                 continue
@@ -269,6 +324,20 @@ class Task(Generic[R]):
             )
         return key
 
+    def key_for(self, payload: Mapping[str, Any]) -> str | None:
+        """The task's key for a call (its arguments, as ``encode`` made them), or None
+        if the task has no ``key``: a format template over the arguments, or a callable
+        given them by name."""
+        if self.key is None:
+            return None
+        try:
+            key = self.key.format_map(payload) if isinstance(self.key, str) else self.key(**payload)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+            raise TypeError(f"{self.name}.defer(): key {self.key!r}: {exc!r}") from None
+        if not isinstance(key, str):
+            raise TypeError(f"{self.name}.defer(): key must make a str, not {key!r:.40}")
+        return key
+
     def configure(
         self,
         *,
@@ -279,16 +348,29 @@ class Task(Generic[R]):
         queue: str | None = None,
         max_attempts: int | None = None,
         conn: Any = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str | None = None,
+        after: Sequence[int] | None = None,
+        on_parent_failure: str = "cancel",
     ) -> Deferral:
         """Options for one deferral: ``task.configure(delay=60).defer(invoice_id=7)``.
 
         ``delay`` (seconds or a timedelta) and ``run_at`` (an aware datetime) are
-        exclusive.  ``key`` is an idempotency key: a second deferral with the same key
-        in the same queue returns the first job's id.  ``conn`` joins a psycopg
-        connection's transaction (an ``AsyncConnection`` for ``defer_async``).
+        exclusive.  ``key`` is an idempotency key (it replaces the task's own): a second
+        deferral with the same key in the same queue and the same arguments returns
+        the first job's id; with other arguments it raises ``DuplicateJob``.
+        ``unique_for`` and ``on_conflict`` (default: the task's) say how long the key
+        holds and what a conflict gets (docs/tasks.md, "Unique jobs").  ``conn`` joins
+        a psycopg connection's transaction (an ``AsyncConnection`` for ``defer_async``).
+        ``after``: ids of jobs the new job(s) wait for, ``on_parent_failure`` what a
+        failed one does to them (``Queue.enqueue``; docs/workflows.md).
         """
         if delay is not None and run_at is not None:
             raise ConfigError("give delay or run_at, not both")
+        try:
+            check_run_at(run_at)  # here, not at defer: the line that set it is the one to fix
+        except ValueError as exc:
+            raise ValueError(f"{self.name}.configure(): {exc}") from None
         if delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
             if not seconds >= 0:
@@ -298,6 +380,10 @@ class Task(Generic[R]):
             from datetime import UTC
 
             run_at = datetime.now(UTC) + timedelta(seconds=seconds)
+        if unique_for is not None or on_conflict is not None:
+            check_unique(unique_for, on_conflict or "return")
+            if key is None and self.key is None:
+                raise ConfigError("unique_for and on_conflict need a key (key= or the task's)")
         return Deferral(
             self,
             run_at=run_at,
@@ -306,6 +392,10 @@ class Task(Generic[R]):
             queue=self.queue if queue is None else queue,
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             conn=conn,
+            unique_for=self.unique_for if unique_for is None else unique_for,
+            on_conflict=self.on_conflict if on_conflict is None else on_conflict,
+            after=None if after is None else list(after),
+            on_parent_failure=on_parent_failure,
         )
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
@@ -329,12 +419,15 @@ class Task(Generic[R]):
 
     # -- workers -------------------------------------------------------------------------
 
-    def call_args(self, job: Job) -> dict[str, Any]:
-        """The keyword arguments of a job's call: decoded, converted, its Job added."""
+    def call_args(self, job: Job, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword arguments of a job's call: decoded, converted, its Job added.
+        ``extra``: arguments from the parents of a canvas step."""
         payload = job.payload
         if not isinstance(payload, dict):
             raise Fail(f"task {self.name}: payload is not an object of arguments: {payload!r}")
         kwargs = dict(payload)
+        if extra:
+            kwargs.update(extra)
         for pname, adapter in self._adapters.items():
             if pname in kwargs:
                 kwargs[pname] = _validated(self.name, pname, adapter, kwargs[pname], to_json=False)
@@ -347,23 +440,50 @@ class Task(Generic[R]):
             raise Fail(f"task {self.name}: stored arguments no longer bind: {exc}") from None
         return kwargs
 
-    def run(self, job: Job) -> Any:
+    def run(self, job: Job, extra: Mapping[str, Any] | None = None) -> Any:
         """Run the job's call (a coroutine for an async task); used by the workers."""
         try:
-            kwargs = self.call_args(job)
+            kwargs = self.call_args(job, extra)
         except Fail:
             raise
         except Exception as exc:
             raise Fail(f"task {self.name}: arguments do not validate: {exc}") from None
         return self.fn(**kwargs)
 
+    def retries(self, exc: BaseException) -> bool:
+        """Whether an exception raised by the task is retried (``retry_on`` /
+        ``no_retry_on``).  ``no_retry_on`` wins where both match, as Celery's
+        ``dont_autoretry_for`` does; with neither, every exception is retried."""
+        if isinstance(exc, self.no_retry_on):
+            return False
+        return self.retry_on is None or isinstance(exc, self.retry_on)
+
     def retry_for(self, exc: BaseException, job: Job) -> BaseException:
-        """An exception of the task as the worker should see it: the task's own retry
-        policy turns a plain exception into a Retry with its delay, traceback kept."""
-        if self.retry is None or not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+        """An exception of the task as the worker should see it.
+
+        One its ``retry_on`` / ``no_retry_on`` say not to retry becomes a ``Fail`` that
+        keeps the traceback (the job ends failed now); otherwise the task's own retry
+        policy, if it has one, turns it into a Retry with its delay.  ``Retry`` and
+        ``Fail`` are the task's explicit word and pass as they are; so does the
+        TimeoutError of the task's own ``timeout``, which is retried as any timeout, and
+        anything that is not an Exception (KeyboardInterrupt, a cancel).
+        """
+        if not isinstance(exc, Exception) or isinstance(exc, Retry | Fail):
+            return exc
+        if self.timeout and isinstance(exc, TimeoutError):
+            return exc
+        if not self.retries(exc):
+            text = "".join(traceback.format_exception(exc))
+            return Fail(f"{type(exc).__name__} is not retried (task {self.name})\n{text}")
+        if self.retry is None:
             return exc
         text = "".join(traceback.format_exception(exc))
         return Retry(self.retry.delay(job.attempts), text)
+
+
+# Holds the place of the argument a canvas step takes from its parents, while the
+# other arguments are bound and checked at defer.
+_FROM_PARENT: Any = object()
 
 
 def _validated(task: str, pname: str, adapter: Any, value: Any, *, to_json: bool) -> Any:
@@ -389,9 +509,14 @@ class Deferral:
     queue: str
     max_attempts: int
     conn: Any
+    unique_for: float | timedelta | None = None
+    on_conflict: str = "return"
+    after: list[int] | None = None
+    on_parent_failure: str = "cancel"
 
-    def _options(self, *, keyed: bool = True) -> dict[str, Any]:
-        """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s)."""
+    def _options(self) -> dict[str, Any]:
+        """What ``Queue.enqueue`` / ``enqueue_many`` take besides the payload(s) and
+        the key(s)."""
         options: dict[str, Any] = {
             "queue": self.queue,
             "priority": self.priority,
@@ -401,8 +526,30 @@ class Deferral:
             "task": self.task.name,
             "meta": _trace.inject(),
         }
-        if keyed:
-            options["idempotency_key"] = self.key
+        # Only with a key: the queue refuses unique options without one, and an
+        # unkeyed deferral of a task that declares them is a plain enqueue.
+        if self.unique_for is not None:
+            options["unique_for"] = self.unique_for
+        if self.on_conflict != "return":
+            options["on_conflict"] = self.on_conflict
+        if self.after is not None:
+            options["after"] = self.after
+            options["on_parent_failure"] = self.on_parent_failure
+        return options
+
+    def _one(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        payload = self.task.encode(args, kwargs)
+        key = self.key if self.key is not None else self.task.key_for(payload)
+        options = self._options() if key is not None else self._unkeyed()
+        if self.task.concurrency_key is not None:
+            options["concurrency_key"] = self.task.key_of(payload)
+            options["concurrency"] = self.task.concurrency
+        return payload, {**options, "idempotency_key": key}
+
+    def _unkeyed(self) -> dict[str, Any]:
+        options = self._options()
+        options.pop("unique_for", None)
+        options.pop("on_conflict", None)
         return options
 
     def _keyed(self, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -413,45 +560,43 @@ class Deferral:
         return {"concurrency_key": keys, "concurrency": self.task.concurrency}
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
-        payload = self.task.encode(args, kwargs)
-        options = self._options()
-        if self.task.concurrency_key is not None:
-            options["concurrency_key"] = self.task.key_of(payload)
-            options["concurrency"] = self.task.concurrency
+        payload, options = self._one(args, kwargs)
         return self.task.app.queue.enqueue(payload, **options)
 
     async def defer_async(self, *args: Any, **kwargs: Any) -> int:
-        payload = self.task.encode(args, kwargs)
-        options = self._options()
-        if self.task.concurrency_key is not None:
-            options["concurrency_key"] = self.task.key_of(payload)
-            options["concurrency"] = self.task.concurrency
+        payload, options = self._one(args, kwargs)
         q = await self.task.app.async_queue()
         return await q.enqueue(payload, **options)
 
-    def _payloads(self, calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    def _many(self, calls: Iterable[Mapping[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
         if self.key is not None:
-            raise ConfigError("defer_many takes no key: one key cannot dedup many jobs")
+            raise ConfigError(
+                "defer_many takes no key: one key cannot dedup many jobs "
+                "(give the task a key template: @app.task(key='...{arg}...'))"
+            )
         out = []
+        keys: list[str | None] = []
         for n, call in enumerate(calls):
             if not isinstance(call, Mapping):
                 raise TypeError(f"{self.task.name}.defer_many(): call #{n} is not a mapping")
             try:
-                out.append(self.task.encode((), call))
+                payload = self.task.encode((), call)
+                keys.append(self.task.key_for(payload))
             except (TypeError, PayloadError) as exc:
                 raise type(exc)(f"call #{n}: {exc}") from None
-        return out
+            out.append(payload)
+        if self.task.key is None:
+            return out, {**self._unkeyed(), **self._keyed(out)}
+        return out, {**self._options(), "idempotency_keys": keys}
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
-        payloads = self._payloads(calls)
-        return self.task.app.queue.enqueue_many(
-            payloads, **self._options(keyed=False), **self._keyed(payloads)
-        )
+        payloads, options = self._many(calls)
+        return self.task.app.queue.enqueue_many(payloads, **options)
 
     async def defer_many_async(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
-        payloads = self._payloads(calls)
+        payloads, options = self._many(calls)
         q = await self.task.app.async_queue()
-        return await q.enqueue_many(payloads, **self._options(keyed=False), **self._keyed(payloads))
+        return await q.enqueue_many(payloads, **options)
 
 
 class App:
@@ -489,6 +634,8 @@ class App:
         self._queue: Queue | None = None
         self._aqueue: AsyncQueue | None = None
         self._alock: asyncio.Lock | None = None
+        # Set by the CLI (--app): where a process pool's children import the app from.
+        self._import_path: str | None = None
 
     def __repr__(self) -> str:
         return f"<App schema={self.schema!r} tasks={sorted(self.tasks)}>"
@@ -509,6 +656,12 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        key: str | Callable[..., str] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
+        soft_timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency: int | None = None,
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
@@ -524,6 +677,12 @@ class App:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         lease: float | None = None,
+        retry_on: type[BaseException] | Iterable[type[BaseException]] | None = None,
+        no_retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        key: str | Callable[..., str] | None = None,
+        unique_for: float | timedelta | None = None,
+        on_conflict: str = "return",
+        soft_timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency: int | None = None,
     ) -> Any:
@@ -533,12 +692,23 @@ class App:
         or moving the function renames the task (pass ``name=`` to keep it stable).
         ``priority`` (lower runs first) and ``max_attempts`` are the deferral defaults.
         ``retry`` replaces the queue's backoff for this task's exceptions.  ``timeout``:
-        seconds an attempt may run (then it fails and is retried).  ``lease``: the
-        worker running this task holds leases of at least this many seconds.
+        seconds an attempt may run (then it fails and is retried; under a worker's
+        process pool its process is killed).  ``soft_timeout``: under the process pool,
+        seconds after which ``SoftTimeLimitExceeded`` is raised in the task so it can
+        clean up (shorter than ``timeout``; threads cannot be interrupted and ignore
+        it).  ``lease``: the worker running this task holds leases of at least this
+        many seconds.
+        ``retry_on``: the exception classes that are retried (default: every one);
+        ``no_retry_on``: those that end the job failed at once, which wins where both
+        match.  ``Retry`` and ``Fail`` raised by the task always mean what they say.
+        ``key``: every deferral's idempotency key, a format template over the arguments
+        (``"charge:{customer_id}:{month}"``) or a callable given them by name;
+        ``unique_for`` and ``on_conflict``: how long a key holds and what a conflict
+        gets (docs/tasks.md, "Unique jobs").
         ``concurrency_key`` (a format template over the arguments, ``"customer:{customer_id}"``,
         or a callable taking them by name) with ``concurrency=N`` (default 1): at most N
         jobs of one key run at once across all workers; the others wait unclaimed
-        (docs/tasks.md, "Per-key concurrency").
+        (docs/workflows.md, "Per-key concurrency").  Not together with ``key`` (yet).
         """
         if concurrency_key is not None and concurrency is None:
             concurrency = 1
@@ -548,6 +718,18 @@ class App:
             raise ConfigError(f"task timeout must be positive, not {timeout!r}")
         if lease is not None and not lease > 0:
             raise ConfigError(f"task lease must be positive, not {lease!r}")
+        retry_classes = None if retry_on is None else _exception_classes("retry_on", retry_on)
+        no_retry_classes = _exception_classes("no_retry_on", no_retry_on)
+        check_unique(unique_for, on_conflict)
+        if key is not None and not (isinstance(key, str) or callable(key)):
+            raise ConfigError(f"task key must be a format string or a callable, not {key!r}")
+        if soft_timeout is not None and not soft_timeout > 0:
+            raise ConfigError(f"task soft_timeout must be positive, not {soft_timeout!r}")
+        if soft_timeout is not None and timeout is not None and soft_timeout >= timeout:
+            raise ConfigError(
+                f"task soft_timeout ({soft_timeout:g}s) must be shorter than its timeout "
+                f"({timeout:g}s)"
+            )
 
         def register(f: Callable[..., Any], depth: int = 1) -> Task[Any]:
             # The decorated function's own namespace, for annotations naming its locals.
@@ -574,7 +756,13 @@ class App:
                 retry=retry,
                 timeout=timeout,
                 lease=lease,
+                retry_on=retry_classes,
+                no_retry_on=no_retry_classes,
+                key=key,
+                unique_for=unique_for,
+                on_conflict=on_conflict,
                 localns=localns,
+                soft_timeout=soft_timeout,
                 concurrency_key=concurrency_key,
                 concurrency=concurrency,
             )
@@ -667,10 +855,27 @@ class App:
         """Create or upgrade the schema (idempotent)."""
         return self.queue.migrate()
 
-    def wait(self, job_id: int, timeout: float | None = None) -> Any:
+    def wait(self, job_id: int | Workflow, timeout: float | None = None) -> Any:
         """The return value of the job's task; JobFailed / JobCancelled if it did not
-        succeed, TimeoutError after ``timeout`` seconds."""
-        return self.queue.wait(job_id, timeout=timeout)
+        succeed, TimeoutError after ``timeout`` seconds.
+
+        A workflow (the handle ``defer`` of a canvas returns, or its id): its result,
+        that of its last step, or the list of a group's results; JobFailed or
+        JobCancelled naming the step that failed."""
+        wid = job_id.id if isinstance(job_id, Workflow) else job_id
+        try:
+            wf = self.queue.workflow(wid)
+        except ConfigError:
+            # A schema before migration 16 (a rolling deploy) has no workflows, or a
+            # role without the grant reads none: a plain id is a job's.
+            if isinstance(job_id, Workflow):
+                raise
+            wf = None
+        if wf is None:
+            if isinstance(job_id, Workflow):
+                raise UnknownJob(wid)
+            return self.queue.wait(wid, timeout=timeout)
+        return wait_workflow(self.queue, wf, timeout)
 
     async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
         return await (await self.async_queue()).wait(job_id, timeout=timeout)
@@ -723,28 +928,41 @@ class App:
     ) -> Worker:
         """A ``Worker`` running this app's tasks (all its queues, or ``queues``).
 
-        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ...); ``using`` is a
-        Queue whose settings replace the app's (the CLI's ``--dsn``).  The worker
-        claims only the tasks it knows: a job deferred by a newer version of the app
-        waits, uncharged, for a worker that knows its task.
+        ``options`` are ``Worker``'s (``concurrency``, ``lease``, ``pool``, ...);
+        ``using`` is a Queue whose settings replace the app's (the CLI's ``--dsn``).
+        The worker claims only the tasks it knows: a job deferred by a newer version
+        of the app waits, uncharged, for a worker that knows its task.
+
+        With ``pool="process"`` each child imports the modules of the app's tasks and
+        finds the app in one of them (ConfigError if it is not a module-level name
+        there); ``async def`` tasks then run in the child with ``asyncio.run``.
         """
         names, served = self._served(queues)
         self._worker_options(served, options)
-        known = {t.name: t for t in served}
-
-        def handle(job: Job) -> Any:
-            task = known[str(job.task)]
-            with _trace.span(task.name, job):
-                try:
-                    if task.is_async:
-                        # A coroutine is cancelled at the task's timeout, for real.
-                        return asyncio.run(run_coroutine(task.run, job, task.timeout))
-                    return task.run(job)
-                except BaseException as exc:
-                    _reraise(task, exc, job)
-
+        # An event loop cannot interrupt a task either: soft limits are the process pool's.
+        options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
         q = using if using is not None else self.queue
-        return Worker(q, handle, queues=names, tasks=sorted(known), **options)
+        handle = TaskHandler(
+            self, sorted(t.name for t in served), q.settings.dsn, q.schema, results=q
+        )
+        return Worker(q, handle, queues=names, tasks=handle.names, **options)
+
+    def import_path(self) -> str:
+        """``module:name`` under which this app can be imported: where a process pool's
+        children find it.  The CLI's ``--app`` path; else a module-level name bound to
+        this app in one of its tasks' modules."""
+        if self._import_path is not None:
+            return self._import_path
+        for module_name in sorted({t.fn.__module__ for t in self.tasks.values()}):
+            module = sys.modules.get(module_name)
+            for attr, value in vars(module).items() if module is not None else ():
+                if value is self:
+                    return f"{module_name}:{attr}"
+        raise ConfigError(
+            "pool='process' needs the app importable by its children: bind it to a "
+            "module-level name in the module of one of its tasks (or run it with "
+            "skiplock worker --app module:app)"
+        )
 
     def async_worker(self, *, queues: Sequence[str] | None = None, **options: Any) -> AsyncWorker:
         """An ``AsyncWorker`` running this app's tasks on one event loop.
@@ -760,10 +978,14 @@ class App:
             task = known[str(job.task)]
             with _trace.span(task.name, job):
                 try:
+                    extra: dict[str, Any] = {}
+                    if needs_parents(job.meta):  # a canvas step: its parents' results
+                        q = await self.async_queue()
+                        extra = parent_arg(job.meta, await q.parent_results(job.id))
                     # The worker cancels the attempt at the task's timeout (task_timeouts).
                     if task.is_async:
-                        return await task.run(job)
-                    return await asyncio.to_thread(task.run, job)
+                        return await task.run(job, extra)
+                    return await asyncio.to_thread(task.run, job, extra)
                 except BaseException as exc:
                     _reraise(task, exc, job)
 
@@ -774,6 +996,105 @@ class App:
     def _settings_queue(self) -> AsyncQueue:
         # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
         return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+
+
+def _exception_classes(
+    what: str, given: type[BaseException] | Iterable[type[BaseException]]
+) -> tuple[type[BaseException], ...]:
+    """``retry_on`` / ``no_retry_on`` as a tuple of Exception classes; ConfigError else."""
+    try:
+        classes = (given,) if isinstance(given, type) else tuple(given)
+    except TypeError:
+        raise ConfigError(f"{what} takes Exception classes, not {given!r}") from None
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, Exception)):
+            raise ConfigError(f"{what} takes Exception classes, not {c!r}")
+        if issubclass(c, Retry | Fail):
+            raise ConfigError(
+                f"{what} cannot name {c.__name__}: a task that raises it is always obeyed"
+            )
+    return classes
+
+
+class TaskHandler:
+    """The one handler of an app's Worker: looks each job's task up and runs it.
+
+    A process pool's child gets it by pickle: it travels as the app's import path, the
+    modules of its tasks and the task names, and is rebuilt in the child
+    (``_task_handler``), which imports the same code the worker did.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        names: Sequence[str],
+        dsn: str,
+        schema: str,
+        results: Queue | None = None,
+    ) -> None:
+        self.app = app
+        self.names = list(names)
+        self._known = {name: app.tasks[name] for name in names}
+        # Where a canvas step reads its parents' results: the worker's Queue in its own
+        # process; a process pool's child reaches the same database with a connection
+        # of its own, opened once a step needs it.
+        self._dsn, self._schema = dsn, schema
+        self._results = results
+        self._own = False
+        self._lock = threading.Lock()
+
+    def _parent_results(self, job: Job) -> list[Any]:
+        with self._lock:
+            if self._results is None:
+                self._results = Queue(self._dsn, schema=self._schema, max_size=2)
+                self._own = True
+            q = self._results
+        return q.parent_results(job.id)
+
+    def __call__(self, job: Job) -> Any:
+        task = self._known[str(job.task)]
+        with _trace.span(task.name, job):
+            try:
+                extra: dict[str, Any] = {}
+                if needs_parents(job.meta):  # a canvas step: its parents' results
+                    extra = parent_arg(job.meta, self._parent_results(job))
+                if task.is_async:
+                    # A coroutine is cancelled at the task's timeout, for real.
+                    return asyncio.run(
+                        run_coroutine(functools.partial(task.run, extra=extra), job, task.timeout)
+                    )
+                return task.run(job, extra)
+            except BaseException as exc:
+                _reraise(task, exc, job)
+
+    def close(self) -> None:
+        if self._own and self._results is not None:
+            self._results.close()
+            self._results = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        modules = sorted({t.fn.__module__ for t in self._known.values()})
+        args = (self.app.import_path(), modules, self.names, self._dsn, self._schema)
+        return (_task_handler, args)
+
+
+def _task_handler(
+    app_path: str, modules: list[str], names: list[str], dsn: str, schema: str
+) -> TaskHandler:
+    """A TaskHandler rebuilt in a child process from what ``__reduce__`` sent."""
+    import importlib
+
+    from ._handlers import load_object
+
+    for module in modules:
+        importlib.import_module(module)
+    app = load_object(app_path, what="app")
+    if not isinstance(app, App):
+        raise ConfigError(f"{app_path} is a {type(app).__name__}, not a skiplock.App")
+    missing = [n for n in names if n not in app.tasks]
+    if missing:
+        raise ConfigError(f"the app {app_path} has no task(s) {', '.join(missing)} here")
+    return TaskHandler(app, names, dsn, schema)
 
 
 def _reraise(task: Task[Any], exc: BaseException, job: Job) -> typing.NoReturn:

@@ -205,6 +205,7 @@ def verify(
                 "completed_twice",
                 lambda: _twice(cur, ident, limit, bool(shape["has_completions"])),
             ),
+            ("stranded_waiting", lambda: _stranded(cur, ident, limit, bool(shape["has_deps"]))),
             (
                 "lock_waits",
                 lambda: _lock_waits(cur, workers, lock_waits_alert, samples, sample_interval),
@@ -280,6 +281,21 @@ def _twice(cur: psycopg.Cursor[Any], ident: sql.Identifier, limit: int, recorded
         "fail",
         n,
         f"{n} job(s) completed more than once (a finished job was moved back and rerun)",
+        rows,
+    )
+
+
+def _stranded(cur: psycopg.Cursor[Any], ident: sql.Identifier, limit: int, has: bool) -> Check:
+    if not has:
+        return Check("stranded_waiting", "ok", 0, "no dependencies: the schema predates 16")
+    n, rows = _rows(cur, _stmt("stranded_waiting", schema=ident), {"limit": limit})
+    if not n:
+        return Check("stranded_waiting", "ok", 0, "every waiting job has a parent to wait for")
+    return Check(
+        "stranded_waiting",
+        "fail",
+        n,
+        f"{n} waiting job(s) whose parents have all finished: a release was lost",
         rows,
     )
 

@@ -44,12 +44,14 @@ from psycopg import sql
 
 from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
-from ._errors import SkiplockError
+from ._errors import ConfigError, SkiplockError
 from ._handlers import VANISHED, Handler, HandlerPool, Outcome, RunTime, run_handler
+from ._health import DEFAULT_HOST, DEFAULT_STALL
 from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
+from ._procpool import ProcessPool, check_picklable
 from ._queue import Queue
 from ._sql import channel_name
 from ._workerbase import (
@@ -169,6 +171,32 @@ class Worker(WorkerBase):
         keeps about one core busy; a second overlaps them, about 1.2-1.3x the drain rate
         of short jobs in one process, for one more connection
         (``skiplock worker --chains``; docs/architecture.md, "Two chains in one Worker").
+    health_port
+        Serve ``GET /livez`` and ``GET /readyz`` on this port while ``run()`` runs (0:
+        any free port, then ``worker.health.port``), on ``health_host`` (default
+        127.0.0.1; ``0.0.0.0`` in a container, where the kubelet probes the pod's IP).
+        /livez answers 503 when the claim loop, a writer, the heartbeat or the liveness
+        mark has been in one step (a statement, a batch) for longer than
+        ``health_stall`` seconds (default 60): a wedged worker.  An idle worker is live,
+        and so is one whose database refuses it (its calls fail and are retried).
+        /readyz answers 503 while the database cannot be reached, is read-only, or its
+        schema lacks a migration this code needs, and while the worker stops.  Each
+        answer is a small JSON document saying why (docs/deploy.md).
+    pool
+        ``"thread"`` (the default): handlers run in threads of this process; one past
+        its timeout fails its attempt but cannot be stopped, and runs on.  ``"process"``:
+        each handler slot runs its jobs in a child process (docs/tasks.md, "The
+        process pool"), killed at the job's timeout (its attempt fails "killed after
+        N s") and replaced; a child that dies fails its attempt only.  The handlers
+        must be importable by qualified name (the children import them afresh;
+        ConfigError otherwise).  Claims, fenced writes and heartbeats stay here.
+    soft_timeout
+        With ``pool="process"``: seconds after which ``SoftTimeLimitExceeded`` is
+        raised inside the handler, so it can clean up before ``job_timeout`` kills it
+        (``task_soft_timeouts`` per task; ``App.task(soft_timeout=)`` sets those).
+    max_tasks_per_child, max_memory_per_child
+        With ``pool="process"``: retire a child after this many jobs, or after a job
+        that leaves it with more than this many MiB resident; its slot starts a new one.
     """
 
     def __init__(
@@ -198,6 +226,14 @@ class Worker(WorkerBase):
         liveness: bool = True,
         fuse_claims: bool = True,
         chains: int | None = None,
+        health_port: int | None = None,
+        health_host: str = DEFAULT_HOST,
+        health_stall: float = DEFAULT_STALL,
+        pool: str = "thread",
+        soft_timeout: float | None = None,
+        task_soft_timeouts: Mapping[str, float] | None = None,
+        max_tasks_per_child: int | None = None,
+        max_memory_per_child: float | None = None,
     ) -> None:
         super().__init__(
             queue,
@@ -222,13 +258,23 @@ class Worker(WorkerBase):
             task_timeouts=task_timeouts,
             liveness=liveness,
             fuse_claims=fuse_claims,
+            health_port=health_port,
+            health_host=health_host,
+            health_stall=health_stall,
         )
+        self.pool = pool
+        self._soft_timeout = soft_timeout
+        self._task_soft_timeouts = dict(task_soft_timeouts or {})
+        self._max_tasks_per_child = max_tasks_per_child
+        self._max_memory_per_child = max_memory_per_child
+        self._check_pool_options()
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
         self._chains = [
             _Chain(i, *share)
             for i, share in enumerate(self._chain_shares(chains, self._fixed_prefetch))
         ]
+        self._watch(len(self._chains), heartbeat=True)
         # The chain that claimed each job held, and writes its outcome.
         self._chain_of: dict[Attempt, _Chain] = {}
         self._q: Queue | None = None  # the claim loop's claims, sweeps, prunes, releases
@@ -254,10 +300,46 @@ class Worker(WorkerBase):
         self._wake = threading.Event()
         self._inflight: dict[Attempt, Job] = {}  # claimed and not yet written back
         self._inflight_lock = threading.Lock()
-        self._pool: HandlerPool | None = None
+        self._pool: HandlerPool | ProcessPool | None = None
         self._writers: list[threading.Thread] = []
         self._threads: list[threading.Thread] = []
         self._running = False
+
+    def _check_pool_options(self) -> None:
+        if self.pool not in ("thread", "process"):
+            raise ConfigError(f"pool must be 'thread' or 'process', not {self.pool!r}")
+        limits = {
+            "soft_timeout": self._soft_timeout,
+            "max_tasks_per_child": self._max_tasks_per_child,
+            "max_memory_per_child": self._max_memory_per_child,
+        }
+        for what, value in limits.items():
+            if value is None:
+                continue
+            if self.pool != "process":
+                # A thread can be neither interrupted at a soft limit nor retired.
+                raise ConfigError(f"{what} needs pool='process'")
+            if not value > 0:
+                raise ConfigError(f"{what} must be positive, not {value!r}")
+        soft = [("the worker", self._soft_timeout, self.job_timeout)] + [
+            (f"task {name!r}", t, self._task_timeouts.get(name, self.job_timeout))
+            for name, t in self._task_soft_timeouts.items()
+        ]
+        for who, s, hard in soft:
+            if s is not None and not s > 0:
+                raise ConfigError(f"{who}: soft timeout must be positive, not {s!r}")
+            if s is not None and hard is not None and s >= hard:
+                raise ConfigError(
+                    f"{who}: soft timeout {s:g}s must be shorter than the timeout {hard:g}s"
+                )
+        if self.pool == "process":
+            check_picklable(self._handlers)  # ConfigError now, not in each child
+
+    def soft_timeout_for(self, job: Job) -> float | None:
+        """Seconds after which the job's handler gets SoftTimeLimitExceeded (process pool)."""
+        if job.task is not None and job.task in self._task_soft_timeouts:
+            return self._task_soft_timeouts[job.task]
+        return self._soft_timeout
 
     def _chain_list(self) -> Sequence[Chain]:
         return self._chains
@@ -278,6 +360,9 @@ class Worker(WorkerBase):
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    def _stop_asked(self) -> bool:
+        return self._stopping.is_set()
+
     def inflight(self) -> list[Job]:
         with self._inflight_lock:
             return list(self._inflight.values())
@@ -295,18 +380,17 @@ class Worker(WorkerBase):
         except psycopg.Error as exc:
             self._running = False
             raise unavailable(exc, s, "worker start") from None
+        try:
+            self._start_health()  # before any thread: a port in use stops nothing
+        except BaseException:
+            self._running = False
+            raise
         self._q = self._lane_queue("claims")
         for chain in self._chains:
             chain.wq = self._lane_queue("writes" if chain.index == 0 else f"writes {chain.index}")
         self._hq = self._lane_queue("heartbeats")
         self._uq = self._lane_queue("upkeep")
-        self._pool = HandlerPool(
-            self.concurrency,
-            self._run_one,
-            self._handler_done,
-            self.timeout_for,
-            name=f"skiplock-{self.name}",
-        )
+        self._pool = self._make_pool()
         for chain in self._chains:
             self._start_writer(chain)
         self._start_thread(self._heartbeat_loop, "heartbeat")
@@ -334,8 +418,41 @@ class Worker(WorkerBase):
         try:
             self._claim_loop()
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                self._stop_health()
         return self.stats
+
+    def _make_pool(self) -> HandlerPool | ProcessPool:
+        if self.pool == "thread":
+            return HandlerPool(
+                self.concurrency,
+                self._run_one,
+                self._handler_done,
+                self.timeout_for,
+                name=f"skiplock-{self.name}",
+            )
+        mib = self._max_memory_per_child
+        try:
+            return ProcessPool(
+                self.concurrency,
+                self._handlers,
+                lambda job: self._emit("started", job),
+                self._handler_done,
+                self.timeout_for,
+                self.soft_timeout_for,
+                name=f"skiplock-{self.name}",
+                max_result_bytes=self._settings.max_result_bytes,
+                max_tasks=self._max_tasks_per_child,
+                max_memory=None if mib is None else int(mib * 2**20),
+                wake=self._wake.set,
+            )
+        except BaseException:
+            for lane in self._lanes:
+                lane.close()
+            self._running = False
+            raise
 
     def start(self) -> threading.Thread:
         """Run in a background thread (tests, embedding); ``stop()`` then ``join()``."""
@@ -375,11 +492,15 @@ class Worker(WorkerBase):
         assert self._q is not None and self._pool is not None
         self._upkeep_from(time.monotonic())
         trouble = Trouble(self.name, "claim")
+        steps = self._steps
         while not self._stopping.is_set():
+            # A turn's work is one step for /livez; its waits are not (steps.end).
+            steps.begin(self.CLAIM_LOOP)
             now = time.monotonic()
             timed_out, vanished = self._pool.reap(now)
+            killed = isinstance(self._pool, ProcessPool)
             for job in timed_out:
-                self._result(job, self._timed_out(job, self.timeout_for(job)))
+                self._result(job, self._timed_out(job, self.timeout_for(job), killed=killed))
             for job in vanished:
                 logger.error(
                     "worker %s: the handler thread of job %s ended without an outcome; "
@@ -400,11 +521,13 @@ class Worker(WorkerBase):
             except _DB_ERRORS as exc:
                 failures = trouble.failed(exc)
                 self.stats.add(db_errors=1)
+                steps.end(self.CLAIM_LOOP)
                 self._stopping.wait(backoff(failures, base=0.05, cap=self._retry_cap))
                 continue
             if self._say_waiting(now):
                 continue  # claim again now that producers notify us
             self._wait_for_work()
+        steps.end(self.CLAIM_LOOP)
 
     def _say_waiting(self, now: float) -> bool:
         """Write a change of ``waiting`` to our row; True if we turned to waiting."""
@@ -428,6 +551,7 @@ class Worker(WorkerBase):
         if any(self._refill_due(chain) for chain in self._chains):
             return  # more work is waiting and a batch fits: claim again at once
         now = time.monotonic()
+        self._steps.end(self.CLAIM_LOOP)
         self._wake.wait(self._until_upkeep(self._look_again_in(timeout, now), now))
         self._wake.clear()
 
@@ -559,6 +683,7 @@ class Worker(WorkerBase):
         pending: list[tuple[Job, Outcome]] = []
         results = chain.results
         trouble = Trouble(self.name, "writing results")
+        loop = self._writer_loop_name(chain.index)
         while True:
             failures = trouble.failures
             timeout = backoff(max(failures, 1), base=0.05, cap=self._retry_cap) if pending else 1.0
@@ -591,7 +716,8 @@ class Worker(WorkerBase):
                 try:
                     # A batch written again after a failed call may have committed
                     # unseen: the retry must recheck, or it reports "lease lost".
-                    self._write(pending, chain, recheck=failures > 0)
+                    with self._steps.step(loop):
+                        self._write(pending, chain, recheck=failures > 0)
                     pending = []
                     trouble.ok()
                 except Exception as exc:
@@ -672,7 +798,9 @@ class Worker(WorkerBase):
                 return
             if time.monotonic() < next_beat and not self.inflight():
                 continue
-            if self._heartbeat(trouble):
+            with self._steps.step(self.HEARTBEAT):
+                beat = self._heartbeat(trouble)
+            if beat:
                 next_beat = time.monotonic() + self.heartbeat_interval
             else:
                 next_beat = time.monotonic() + backoff(
@@ -687,7 +815,8 @@ class Worker(WorkerBase):
         try:
             while not self._beats_done.is_set():
                 try:
-                    n = live.step()
+                    with self._steps.step(self.MARK):
+                        n = live.step()
                     trouble.ok()
                 except _DB_ERRORS as exc:
                     trouble.failed(exc, "trying again")

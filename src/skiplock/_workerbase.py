@@ -22,9 +22,11 @@ from typing import Any, TypedDict
 
 from ._base import MakeOp, QueueBase, QueueSettings, _clamp_delay
 from ._config import validate_queue
+from ._control import error_line
 from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import CANCELLED, Handler, Outcome
+from ._health import DEFAULT_HOST, DEFAULT_STALL, HealthServer, Steps
 from ._job import Attempt, Job
 from ._liveness import Liveness
 from ._ops import ClaimPosition, FenceResult
@@ -90,25 +92,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def error_summary(error: str | None) -> str | None:
-    """The line of a handler's error text a log line has room for.
-
-    For a traceback that is the exception line after the last frame ("ValueError: bad
-    invoice"), not the last line, which may be the second line of a multi-line message
-    or a note; for a plain reason (``Fail``, ``Retry``, a timeout) its first line.
-    """
-    if not error:
-        return None
-    lines = error.strip().splitlines()
-    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
-    start = frames[-1] + 1 if frames else 0
-    # The frame's source line and caret markers are indented; the exception line is not.
-    while frames and start < len(lines) and lines[start].startswith(" "):
-        start += 1
-    for line in lines[start:]:
-        if line.strip():
-            text = line.strip()
-            return text if len(text) <= 300 else text[:297] + "..."
-    return None
+    """The line of a handler's error text a log line has room for (``error_line``)."""
+    return error_line(error)
 
 
 def _seconds(delay: float) -> str:
@@ -288,6 +273,9 @@ class WorkerBase:
         task_timeouts: Mapping[str, float] | None = None,
         liveness: bool = True,
         fuse_claims: bool = True,
+        health_port: int | None = None,
+        health_host: str = DEFAULT_HOST,
+        health_stall: float = DEFAULT_STALL,
     ) -> None:
         if isinstance(handler, Mapping):
             self._handlers: dict[str, Handler] = dict(handler)
@@ -310,6 +298,21 @@ class WorkerBase:
             raise ConfigError("heartbeat interval must be shorter than the lease")
         if job_timeout is not None and not job_timeout > 0:
             raise ConfigError(f"job timeout must be positive, not {job_timeout!r}")
+        if health_port is not None and not (
+            isinstance(health_port, int) and 0 <= health_port <= 65535
+        ):
+            raise ConfigError(f"health_port must be a port number (0-65535), not {health_port!r}")
+        if not health_stall > 0:
+            raise ConfigError(f"health_stall must be positive, not {health_stall!r}")
+        self.health_port = health_port
+        self.health_host = health_host
+        self.health_stall = float(health_stall)
+        # A socket already listening to serve health on (a --processes child's, made by
+        # the supervisor), instead of binding health_host:health_port.
+        self._health_socket: socket.socket | None = None
+        self.health: HealthServer | None = None  # while run() runs with a health_port
+        # The step each loop is in, for /livez; each worker names its loops (_watch).
+        self._steps = Steps(())
         self.periodic = check_periodic(periodic)
         # The tasks this worker can run (None: every job of its queues).  Its claims take
         # only those, so a job of a task it does not know waits for a worker that does.
@@ -361,6 +364,8 @@ class WorkerBase:
         # Attempts this worker timed out, until their hand-back says how they ended: that
         # line then says "timed out" (one line per attempt, not one per step).
         self._timeouts: set[Attempt] = set()
+        # Attempts whose handler raised Retry: logged as asked for, not as a failure.
+        self._requested: set[Attempt] = set()
         # Attempts a heartbeat already logged as lost: their write, refused later by the
         # fence, must not log them again.  Written by two threads in Worker.
         self._lost_logged: dict[Attempt, None] = {}
@@ -403,6 +408,51 @@ class WorkerBase:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+
+    # -- health: /livez and /readyz (_health.py) ----------------------------------------
+
+    CLAIM_LOOP, HEARTBEAT, MARK = "claim loop", "heartbeat", "liveness mark"
+
+    @staticmethod
+    def _writer_loop_name(index: int) -> str:
+        return "writer" if index == 0 else f"writer {index}"
+
+    def _watch(self, chains: int, heartbeat: bool) -> None:
+        """Name the loops whose steps /livez watches: the claim loop, a writer per chain,
+        the heartbeat (its own loop in Worker, the first writer's in AsyncWorker) and
+        the liveness mark."""
+        loops = [self.CLAIM_LOOP, *(self._writer_loop_name(i) for i in range(chains))]
+        if heartbeat:
+            loops.append(self.HEARTBEAT)
+        self._steps = Steps([*loops, self.MARK])
+
+    def _stuck(self, now: float) -> dict[str, float]:
+        """The loops stuck in one step for longer than ``health_stall``: their step's age."""
+        return self._steps.stuck(now, self.health_stall)
+
+    def _stop_asked(self) -> bool:
+        raise NotImplementedError
+
+    def _start_health(self) -> HealthServer | None:
+        """Serve /livez and /readyz if asked to (ConfigError when the port is taken)."""
+        if self.health_port is None:
+            return None
+        self.health = HealthServer(
+            name=self.name,
+            settings=self._settings,
+            stuck=self._stuck,
+            stopping=self._stop_asked,
+            host=self.health_host,
+            port=self.health_port,
+            stall=self.health_stall,
+            sock=self._health_socket,
+        )
+        return self.health
+
+    def _stop_health(self) -> None:
+        if self.health is not None:
+            self.health.close()
+            self.health = None
 
     # -- events --------------------------------------------------------------------------
 
@@ -766,6 +816,10 @@ class WorkerBase:
         that the log line of the retry can say when the job runs again.
         """
         policy = self._settings.retry_policy
+        requested = [job.attempt for job, o in batch if o.requested]
+        if requested:
+            with self._log_lock:
+                self._requested.update(requested)
         done = [(job, o.result) for job, o in batch if o.kind == "ok"]
         failed: list[tuple[Job, str | None, float | None, bool]] = [
             (
@@ -779,12 +833,15 @@ class WorkerBase:
         ]
         return done, failed
 
-    def _timed_out(self, job: Job, timeout: float | None) -> Outcome:
-        """Count a handler past its timeout; returns the outcome to write for it."""
+    def _timed_out(self, job: Job, timeout: float | None, *, killed: bool = False) -> Outcome:
+        """Count a handler past its timeout; returns the outcome to write for it
+        (``killed``: its process was, by the process pool)."""
         self.stats.add(timed_out=1)
         self._emit("timed_out", job)
         with self._log_lock:
             self._timeouts.add(job.attempt)
+        if killed:
+            return Outcome("retry", f"killed after {timeout or 0.0:g}s (its timeout)")
         return Outcome("retry", f"timed out after {timeout or 0.0:g}s")
 
     def completed(self, items: Sequence[tuple[Job, Any]], res: FenceResult) -> None:
@@ -815,6 +872,8 @@ class WorkerBase:
             with self._log_lock:
                 timed_out = job.attempt in self._timeouts
                 self._timeouts.discard(job.attempt)
+                requested = job.attempt in self._requested
+                self._requested.discard(job.attempt)
             row = res.row(job)
             if row is None:
                 lost.append(job)
@@ -824,7 +883,7 @@ class WorkerBase:
             by_status[status] = by_status.get(status, 0) + 1
             event = {"pending": "retried", "failed": "failed"}.get(status, status)
             self._emit(event, job)
-            self._log_hand_back(job, event, error, delay, retry, timed_out)
+            self._log_hand_back(job, event, error, delay, retry, timed_out, requested)
         self.stats.add(
             retried=by_status["pending"],
             failed=by_status["failed"],
@@ -840,6 +899,7 @@ class WorkerBase:
         delay: float | None,
         retry: bool,
         timed_out: bool,
+        requested: bool = False,
     ) -> None:
         # The row's status after the fenced write decides, not the outcome we asked
         # for: the statement knows the attempts left and whether a cancel came first.
@@ -857,8 +917,18 @@ class WorkerBase:
             # 'retried'; or the row has moved on already (a retry after a lost reply
             # found our hand-back committed and the job claimed again): it runs again.
             when = f"retrying in {_seconds(delay)}" if delay is not None else "retrying"
+            if requested:
+                # The handler asked for it (Retry): news, not a failure.  Its reason,
+                # with the exception it was raised from, is the line's first part.
+                what = error_summary(error) or "retry requested"
             log_job(
-                self.name, logging.WARNING, event, job, f"{what}; {when}", error=error, delay=delay
+                self.name,
+                logging.INFO if requested else logging.WARNING,
+                event,
+                job,
+                f"{what}; {when}",
+                error=error,
+                delay=delay,
             )
 
     def released(self, jobs: Sequence[Job], res: FenceResult) -> None:

@@ -147,7 +147,7 @@ def test_worker_imports_the_handler_from_the_current_directory(
         "def fn(job):\n    return {'seen': job.payload['n']}\n"
     )
     job_id = queue.enqueue({"n": 7})
-    args = ["worker", "--handler", "newcomer_jobs:fn", "--schema", schema, "--poll", "0.1"]
+    args = ["worker", "--handler", "newcomer_jobs:fn", "--schema", schema, "--poll-interval", "0.1"]
     proc = subprocess.Popen(
         [sys.executable, "-c", WITHOUT, "-", *args],
         cwd=tmp_path,

@@ -7,7 +7,14 @@ import asyncio
 import psycopg
 import pytest
 
-from skiplock import AsyncQueue, DatabaseUnavailable, LeaseLost, PayloadError, Queue
+from skiplock import (
+    AsyncQueue,
+    DatabaseUnavailable,
+    DuplicateJob,
+    LeaseLost,
+    PayloadError,
+    Queue,
+)
 
 
 def test_async_enqueue_claim_complete(queue: Queue) -> None:
@@ -15,7 +22,9 @@ def test_async_enqueue_claim_complete(queue: Queue) -> None:
         async with AsyncQueue(queue.settings.dsn, schema=queue.schema) as aq:
             one = await aq.enqueue({"invoice": 1}, queue="emails")
             same = await aq.enqueue({"invoice": 1}, queue="emails", idempotency_key="k")
-            again = await aq.enqueue({"invoice": 2}, queue="emails", idempotency_key="k")
+            again = await aq.enqueue({"invoice": 1}, queue="emails", idempotency_key="k")
+            with pytest.raises(DuplicateJob, match=f"held by job {same}"):
+                await aq.enqueue({"invoice": 2}, queue="emails", idempotency_key="k")
             many = await aq.enqueue_many([{"n": i} for i in range(100)], queue="emails")
             assert same == again and len(many) == 100
             jobs = await aq.claim(worker="w", queue="emails", limit=200)

@@ -72,6 +72,7 @@ SUBCOMMANDS = [
     (["drains", "300", "1", "one8,chains=1,async-one8"], "async-one8: median"),
     (["versions", "SRC", "SRC", "200", "1", "one8"], "one8: new / old"),
     (["pickup-stages", "5", "1"], "pickup - floor"),
+    (["pool-cost", "1", "40", "20", "2"], "start of 2 handlers, process"),
     (["held-claims", "--fresh", "12", "--held", "12", "--rate", "50"], "claim p99 held / fresh"),
     (
         [

@@ -155,7 +155,7 @@ def _spawn_workers(
                 "control_handlers:interval",
                 "--concurrency",
                 "4",
-                "--poll",
+                "--poll-interval",
                 "0.02",
                 "--no-migrate",
                 *extra,

@@ -629,12 +629,12 @@ def test_0009_keeps_every_job_with_an_0008_worker_running_through_it(
         # Keys taken before the migration still dedup, in job_keys.
         keyed = admin.execute(
             sql.SQL(
-                "SELECT id, idempotency_key FROM {}.jobs WHERE idempotency_key IS NOT NULL "
-                "ORDER BY id LIMIT 1"
+                "SELECT id, idempotency_key, payload FROM {}.jobs "
+                "WHERE idempotency_key IS NOT NULL ORDER BY id LIMIT 1"
             ).format(s)
         ).fetchone()
         assert keyed is not None
-        assert q.enqueue({}, queue="q", idempotency_key=keyed[1]) == keyed[0]
+        assert q.enqueue(keyed[2], queue="q", idempotency_key=keyed[1]) == keyed[0]
         # An 0008 producer cannot enqueue any more: its ON CONFLICT names a unique index
         # that a partitioned jobs cannot have.  It is told so; nothing is written.
         with pytest.raises(psycopg.errors.InvalidColumnReference):

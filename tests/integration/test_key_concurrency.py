@@ -267,7 +267,12 @@ def test_bad_concurrency_options_are_refused_before_sending(queue: Queue) -> Non
         queue.enqueue({}, concurrency_key="k", concurrency=0)
     with pytest.raises(ValueError, match="concurrency_key must be a non-empty string"):
         queue.enqueue({}, concurrency_key="", concurrency=1)
-    assert queue.list_jobs() == []
+    with pytest.raises(ValueError, match="cannot be combined with an idempotency key"):
+        queue.enqueue({}, concurrency_key="k", concurrency=1, idempotency_key="i")
+    parent = queue.enqueue({})
+    with pytest.raises(ValueError, match="after cannot be combined with a concurrency_key"):
+        queue.enqueue({}, concurrency_key="k", concurrency=1, after=[parent])
+    assert [j["id"] for j in queue.list_jobs()] == [parent]
 
 
 def test_a_requeue_from_its_day_waits_for_a_slot(

@@ -297,7 +297,8 @@ def test_cli_worker_with_pooler_flag(bouncer: Bouncer, pooled: Queue, schema: st
     p = subprocess.Popen(
         [
             *(sys.executable, "-m", "skiplock.cli", "worker", "--schema", schema),
-            *("--handler", "metrics_handlers:work", "--pooler", "--poll", "0.1"),
+            *("--handler", "metrics_handlers:work", "--transaction-pooler"),
+            *("--poll-interval", "0.1"),
             *("--name", f"{schema}-pooled"),
         ],
         env=env,

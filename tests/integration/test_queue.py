@@ -14,6 +14,7 @@ from psycopg import sql
 from skiplock import (
     ConfigError,
     DatabaseUnavailable,
+    DuplicateJob,
     Job,
     JobStateError,
     LeaseLost,
@@ -312,9 +313,12 @@ def test_release_gives_the_attempt_back(queue: Queue) -> None:
 
 def test_idempotency_key_dedups(queue: Queue) -> None:
     a = queue.enqueue({"v": 1}, idempotency_key="invoice-7")
-    b = queue.enqueue({"v": 2}, idempotency_key="invoice-7")
+    b = queue.enqueue({"v": 1}, idempotency_key="invoice-7")
     c = queue.enqueue({"v": 3}, idempotency_key="invoice-7", queue="other")
     assert a == b != c
+    # Other arguments under a held key: an error naming the job, never that job's id.
+    with pytest.raises(DuplicateJob, match=f"held by job {a}"):
+        queue.enqueue({"v": 2}, idempotency_key="invoice-7")
     [job] = queue.claim(worker="w")
     assert job.idempotency_key == "invoice-7" and job.payload == {"v": 1}
 
@@ -351,8 +355,8 @@ def test_enqueue_many_copy(queue: Queue) -> None:
 
 
 def test_enqueue_many_with_keys(queue: Queue) -> None:
-    first = queue.enqueue({}, idempotency_key="k1")
-    ids = queue.enqueue_many([1, 2, 3, 4], idempotency_keys=["k1", "k2", "k2", None])
+    first = queue.enqueue(1, idempotency_key="k1")
+    ids = queue.enqueue_many([1, 2, 2, 4], idempotency_keys=["k1", "k2", "k2", None])
     assert ids[0] == first
     assert ids[1] == ids[2] != ids[3]
     assert len(queue.claim(worker="w", limit=10)) == 3

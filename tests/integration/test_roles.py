@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from skiplock import ConfigError, Job, LeaseLost, Queue, Retry, Worker
+from skiplock import ConfigError, DuplicateJob, Job, LeaseLost, Queue, Retry, Worker
 from skiplock._roles import default_role_names, ensure_roles, roles_script
 from skiplock.cli import main
 
@@ -289,6 +289,11 @@ def test_producer_enqueues_every_way_and_notifies(
     keyed = pq.enqueue({"n": 2}, idempotency_key="k1")
     assert pq.enqueue({"n": 2}, idempotency_key="k1") == keyed  # dedup reads id and key
     many = pq.enqueue_many([{"n": i} for i in range(3, 6)])
+    # Unique jobs (migration 0017): the holder's payload is compared, replaced, and a
+    # lapsed key passed on, all through enqueue_keyed, which the producer may execute.
+    with pytest.raises(DuplicateJob, match=f"held by job {keyed}"):
+        pq.enqueue({"n": 3}, idempotency_key="k1")
+    assert pq.enqueue({"n": 6}, idempotency_key="k1", on_conflict="replace") == keyed
     keyed_many = pq.enqueue_many([{"n": 6}, {"n": 7}], idempotency_keys=["k1", "k2"])
     assert keyed_many[0] == keyed
     later = pq.enqueue_many([{"n": 8}], run_at=datetime.now(UTC) + timedelta(hours=1))
@@ -504,3 +509,31 @@ def test_keyed_jobs_run_under_the_least_privilege_roles(
         sql.SQL("SELECT status, count(*) FROM {}.jobs GROUP BY status").format(ident(queue.schema))
     ).fetchall()
     assert dict(rows) == {"done": 1, "running": 1, "throttled": 1}
+
+
+def test_dependent_jobs_work_under_the_least_privilege_roles(
+    pq: Queue, wq: Queue, queue: Queue, admin: psycopg.Connection[Any], roles: Roles
+) -> None:
+    """A producer enqueues with `after` (through migration 0016's SECURITY DEFINER
+    function, without UPDATE on jobs); a worker's completion releases the child (the
+    trigger's function runs as the owner) and the child reads its parent."""
+    s = ident(queue.schema)
+    parent = pq.enqueue({"n": 1})
+    child = pq.enqueue({"n": 2}, after=[parent])
+    denied(
+        roles.producer_dsn,
+        sql.SQL("UPDATE {}.jobs SET has_children = true").format(s),
+    )
+    [job] = wq.claim(worker="w", limit=5, lease=30)
+    wq.complete(job, {"sum": 3})
+    [released] = wq.claim(worker="w", limit=5, lease=30)
+    assert released.id == child
+    assert [p["result"] for p in wq.parent_results(child)] == [{"sum": 3}]
+    # Only the producer may call the enqueue function; the worker may not plant jobs.
+    denied(
+        roles.worker_dsn,
+        sql.SQL(
+            "SELECT {}.enqueue_graph('{{1}}', '{{q}}', '{{\"{{}}\"}}', '{{0}}', '{{NULL}}', "
+            "'{{1}}', '{{NULL}}', '{{NULL}}', '{{}}', '{{}}', '{{}}', '{{}}', NULL, 'c')"
+        ).format(s),
+    )

@@ -273,6 +273,53 @@ def test_task_retry_policy_and_final_failure(app: App, admin: Any) -> None:
     assert {r[0]: r[4] for r in rows(admin, app.schema)} == {a: 3, b: 1}
 
 
+def test_retry_on_and_no_retry_on_choose_what_is_retried(app: App, admin: Any) -> None:
+    """An exception outside ``retry_on``, or inside ``no_retry_on`` (which wins), ends
+    the job failed on its first attempt with the exception recorded; the others are
+    retried as before."""
+    calls: list[str] = []
+
+    class Permanent(ValueError):
+        pass
+
+    @app.task(
+        name="t.sel",
+        max_attempts=3,
+        retry=RetryPolicy(base=0.01, jitter=0),
+        retry_on=(ConnectionError, ValueError),
+        no_retry_on=Permanent,
+    )
+    def sel(kind: str) -> None:
+        calls.append(kind)
+        raise {"conn": ConnectionError, "perm": Permanent, "key": KeyError}[kind](kind)
+
+    ids = {k: sel.defer(kind=k) for k in ("conn", "perm", "key")}
+    with running(app.worker(concurrency=3)):
+        with pytest.raises(JobFailed, match="ConnectionError: conn"):
+            app.wait(ids["conn"], timeout=20)
+        with pytest.raises(JobFailed, match="Permanent: perm"):
+            app.wait(ids["perm"], timeout=20)
+        with pytest.raises(JobFailed, match="KeyError: 'key'"):
+            app.wait(ids["key"], timeout=20)
+    attempts = {r[0]: r[4] for r in rows(admin, app.schema)}
+    assert attempts == {ids["conn"]: 3, ids["perm"]: 1, ids["key"]: 1}
+    assert sorted(calls) == ["conn", "conn", "conn", "key", "perm"]
+    error = admin.execute(
+        sql.SQL("SELECT last_error FROM {}.jobs WHERE id = %s").format(sql.Identifier(app.schema)),
+        [ids["perm"]],
+    ).fetchone()[0]
+    assert error.startswith("Permanent is not retried (task t.sel)") and "Traceback" in error
+
+
+def test_retry_on_rejects_what_is_not_an_exception_class(app: App) -> None:
+    with pytest.raises(ConfigError, match="retry_on takes Exception classes, not 5"):
+        app.task(retry_on=5)  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match="no_retry_on takes Exception classes"):
+        app.task(no_retry_on=(ValueError, "KeyError"))  # type: ignore[call-overload]
+    with pytest.raises(ConfigError, match="cannot name Fail"):
+        app.task(no_retry_on=(Fail,))
+
+
 def test_task_timeout(app: App) -> None:
     release = threading.Event()
 

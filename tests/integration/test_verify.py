@@ -50,6 +50,7 @@ def test_a_healthy_queue_passes_every_check(queue: Queue) -> None:
         ("expired_leases", "ok"),
         ("high_attempts", "ok"),
         ("completed_twice", "ok"),
+        ("stranded_waiting", "ok"),
         ("lock_waits", "ok"),
         ("audit_duplicates", "skip"),
     ]
@@ -135,6 +136,23 @@ def test_completed_twice_finds_a_rerun_finished_job(queue: Queue, admin: Any) ->
     c = check(run(queue), "completed_twice")
     assert (c.status, c.count) == ("fail", 1)
     assert c.details[0]["id"] == job_id and c.details[0]["completions"] == 2
+
+
+def test_stranded_waiting_finds_a_child_whose_release_was_lost(queue: Queue, admin: Any) -> None:
+    parent = queue.enqueue({"n": 1})
+    child = queue.enqueue({"n": 2}, after=[parent])
+    assert check(run(queue), "stranded_waiting").status == "ok"  # its parent may finish
+    [job] = queue.claim(worker="a")
+    queue.complete(job)
+    assert check(run(queue), "stranded_waiting").status == "ok"  # released
+    # Plant what the check exists for: a child put back to waiting with its edge settled,
+    # as a release that was lost would leave it.
+    admin.execute(
+        jobs_sql(queue, "UPDATE {}.jobs SET status = 'waiting', deps_left = 1 WHERE id = %s"),
+        (child,),
+    )
+    c = check(run(queue), "stranded_waiting")
+    assert (c.status, c.count) == ("fail", 1) and c.details[0]["id"] == child
 
 
 def test_completed_twice_warns_on_a_schema_without_the_record(queue: Queue, admin: Any) -> None:
@@ -364,7 +382,7 @@ def test_cli_exit_codes_and_json(dsn: str, queue: Queue, admin: Any, audit_table
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["ok"] is True and doc["exit_code"] == 0
-    assert [c["status"] for c in doc["checks"]] == ["ok"] * 5
+    assert [c["status"] for c in doc["checks"]] == ["ok"] * 6
     admin.execute(jobs_sql(queue, 'INSERT INTO {}."Invoice_Emails" (job_id) VALUES (9), (9)'))
     queue.enqueue({})
     queue.claim(worker="gone")

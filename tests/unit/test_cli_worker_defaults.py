@@ -24,6 +24,10 @@ SAME_NAME = {
     "shutdown_grace",
     "retention",
     "fuse_claims",
+    "pool",
+    "soft_timeout",
+    "max_tasks_per_child",
+    "max_memory_per_child",
 }
 
 

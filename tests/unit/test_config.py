@@ -88,7 +88,7 @@ def test_named_statements_parse() -> None:
     with pytest.raises(ValueError, match="twice"):
         parse_named("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
     names = statements("skiplock").names()
-    for needed in ("claim", "complete", "fail", "heartbeat", "release", "sweep", "enqueue"):
+    for needed in ("claim", "complete", "fail", "heartbeat", "release", "sweep", "enqueue_keyed"):
         assert needed in names
 
 

@@ -12,10 +12,12 @@ PUBLIC = {
     "AsyncWorker",
     "ConfigError",
     "DatabaseUnavailable",
+    "DuplicateJob",
     "Fail",
     "Job",
     "JobCancelled",
     "JobFailed",
+    "JobInfo",
     "JobStateError",
     "LeaseLost",
     "PayloadError",
@@ -24,12 +26,20 @@ PUBLIC = {
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "RetryReport",
+    "Signature",
     "SkiplockError",
+    "SoftTimeLimitExceeded",
     "Task",
     "UnknownJob",
     "UnknownQueue",
     "Worker",
     "WorkerStats",
+    # the canvas of tasks (docs/workflows.md)
+    "Workflow",
+    "chain",
+    "chord",
+    "group",
 }
 
 
@@ -47,6 +57,7 @@ def test_errors_share_a_base() -> None:
     for name in (
         "ConfigError",
         "DatabaseUnavailable",
+        "DuplicateJob",
         "LeaseLost",
         "PayloadError",
         "JobFailed",

@@ -19,17 +19,21 @@ from skiplock._sql import statements
 
 # Who runs each named statement of queries.sql.  A new statement must be placed here.
 PRODUCER = {
-    "enqueue",
+    "enqueue_keyed",
     "enqueue_plain",
-    "enqueue_rows",
-    "find_by_keys",
     "enqueued_ids",
     "enqueue_one",
     "reserve_ids",
     "copy_jobs",
     "copy_jobs_at",
+    "copy_jobs_concurrency",
+    "copy_jobs_concurrency_at",
     "watch",
     "job_state",
+    # jobs with `after` (migration 0016), a SECURITY DEFINER function
+    "enqueue_graph",
+    # a workflow's output and steps: `wait` and `skiplock workflow`
+    "workflow",
 }
 WORKER = {
     "claim",
@@ -54,6 +58,8 @@ WORKER = {
     "sweep_dead",
     # the generations' upkeep (migration 0009), a SECURITY DEFINER function
     "upkeep",
+    # a child reads its parents' outcomes (migration 0016)
+    "parents",
 }
 # Retention deletes, and queue settings (pause, limits) are an operator's: the owner.
 OWNER = {
@@ -64,6 +70,9 @@ OWNER = {
     "list_jobs",
     "requeue",
     "delete_job",
+    "find_jobs",
+    "failed_ids",
+    "retry_jobs",
     "throughput",
 }
 
@@ -185,13 +194,19 @@ def test_producer_select_grant_is_exactly_what_enqueue_reads() -> None:
     assert "payload" not in read
 
 
-def test_producer_reads_and_writes_keys_and_nothing_else_does() -> None:
-    """Dedup lives in job_keys (migration 0009): the producer inserts a key and reads
-    the job a repeated key names; a worker never touches it."""
-    assert {r.relname for r in walk(parsed("find_by_keys")) if isinstance(r, ast.RangeVar)} == {
-        "job_keys"
-    }
-    assert grants("job_keys") == {("producer", "select"): {"*"}, ("producer", "insert"): {"*"}}
+def test_producer_reaches_keys_only_through_enqueue_keyed() -> None:
+    """Dedup lives in job_keys (migration 0009) and is decided by enqueue_keyed
+    (migration 0017), a SECURITY DEFINER function: the producer may execute it and has
+    no grant on job_keys itself; a worker never touches either."""
+    tables = {r.relname for r in walk(parsed("enqueue_keyed")) if isinstance(r, ast.RangeVar)}
+    assert tables == set()  # a function call, no table of its own
+    assert grants("job_keys") == {}
+    executes = [
+        (title, stmt.as_string(None))
+        for title, stmt in plan_roles("s", producer="p", worker="w").statements
+        if "enqueue_keyed" in stmt.as_string(None)
+    ]
+    assert [("producer" in t, "GRANT EXECUTE" in x) for t, x in executes] == [(True, True)]
 
 
 @pytest.mark.parametrize("schema", ["skiplock", "Mixed_Case"])

@@ -1,4 +1,4 @@
-"""`skiplock cancel | pause | resume | limit | result`: control of jobs and queues."""
+"""`skiplock cancel | pause | resume | limit | result | workflow`: control of jobs and queues."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import click
 from ._main import _queue
 from .common import dsn_option, echo_json, json_option, schema_option, user_errors
 
-__all__ = ["cancel", "limit", "pause", "result", "resume"]
+__all__ = ["cancel", "limit", "pause", "result", "resume", "workflow"]
 
 
 @click.command()
@@ -177,3 +177,46 @@ def result(job_id: int, wait: bool, timeout: float | None, dsn: str | None, sche
             click.echo(f"skiplock: {exc}", err=True)
             raise SystemExit(3) from None
     echo_json(value)
+
+
+@click.command()
+@click.argument("workflow_id", type=int)
+@dsn_option
+@schema_option
+@json_option
+@user_errors
+def workflow(workflow_id: int, dsn: str | None, schema: str, as_json: bool) -> None:
+    """Show a workflow's steps (a chain, group or chord of tasks) and their states."""
+    from .._errors import UnknownJob
+
+    with _queue(dsn, schema, min_size=1, max_size=1) as q:
+        wf = q.workflow(workflow_id)
+    if wf is None:
+        err = UnknownJob(workflow_id)
+        err.args = (f"no workflow with id {workflow_id} (a workflow's id is its first job's)",)
+        raise err
+    if as_json:
+        echo_json(wf)
+        return
+    counts: dict[str, int] = {}
+    for step in wf["steps"]:
+        status = step["status"] or "pruned"
+        counts[status] = counts.get(status, 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    click.echo(f"workflow {wf['id']}: {len(wf['steps'])} steps ({summary})")
+    for n, step in enumerate(wf["steps"], 1):
+        error = (step["last_error"] or "").strip().splitlines()
+        tail = f"  {error[-1][:100]}" if error else ""
+        click.echo(
+            f"{n:>4}  job {step['id']:<10} {step['task'] or '-'!s:<30} "
+            f"{step['status'] or 'pruned'!s:<9} attempts {step['attempts'] or 0}/"
+            f"{step['max_attempts'] or '-'}{tail}"
+        )
+    click.echo(f"output: {_ids(wf['output'])}")
+
+
+def _ids(output: Any) -> str:
+    """A workflow's output as job ids: 17, or [17, 18, [19, 20]]."""
+    if isinstance(output, list):
+        return "[" + ", ".join(_ids(o) for o in output) + "]"
+    return f"job {output}" if not isinstance(output, list) else str(output)

@@ -35,10 +35,13 @@ class _Main(click.Group):
 
     TOOLS = {
         "cancel": "skiplock.cli._control",
+        "jobs": "skiplock.cli._jobs",
         "limit": "skiplock.cli._control",
         "pause": "skiplock.cli._control",
         "result": "skiplock.cli._control",
         "resume": "skiplock.cli._control",
+        "retry": "skiplock.cli._jobs",
+        "workflow": "skiplock.cli._control",
         "audit": "skiplock.audit._cli",
         "chaos": "skiplock.chaos._cli",
         "dashboard": "skiplock.dashboard._cli",
@@ -156,7 +159,8 @@ def _run_at(delay: float | None, text: str | None) -> datetime | None:
     "--key",
     "idempotency_key",
     default=None,
-    help="Idempotency key: a repeat returns the first job's id.",
+    help="Idempotency key: a repeat with the same payload returns the first job's id; "
+    "another payload is an error naming that job.",
 )
 @click.option(
     "--max-payload-bytes",

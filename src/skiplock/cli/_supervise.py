@@ -16,6 +16,15 @@ from 1 s up to 30 s while it keeps dying within a minute; its jobs come back by 
 session's end (``sweep_dead``) or its leases, as for any dead worker.  A child that
 exits 2 (bad options, found only once it ran) stops them all: starting it again would
 fail the same way.
+
+Health (``--health-port``).  A probe reaches one port of a container, so the supervisor
+serves /livez and /readyz there and answers for all its children: it makes a listening
+socket on 127.0.0.1 per slot, kept across restarts, and each child serves its own health
+on its slot's socket (passed as a file descriptor, so no port can be taken meanwhile).
+/livez is 503 when a running child's is (wedged), or a child has not answered for
+longer than ``--health-stall`` since it started; a child being started again counts as
+live (the supervisor is doing what a restart would).  /readyz is 503 unless every child
+is running and ready.  The body lists each child's answer.
 """
 
 from __future__ import annotations
@@ -24,12 +33,19 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
+
+from .._health import CHECK_TIMEOUT, serve_http
 
 __all__ = ["supervise"]
 
@@ -51,6 +67,7 @@ class _Slot:
     backoff: float = _BACKOFF_FIRST
     restart_at: float | None = None
     codes: list[int] = field(default_factory=list)
+    health: socket.socket | None = None  # where its child serves /livez and /readyz
 
 
 def _name(base: str | None, slot: _Slot) -> str | None:
@@ -64,10 +81,15 @@ def _name(base: str | None, slot: _Slot) -> str | None:
 def _start(slot: _Slot, params: dict[str, Any]) -> None:
     slot.starts += 1
     options = {**params, "name": _name(params["name"], slot)}
+    fds: tuple[int, ...] = ()
+    if slot.health is not None:
+        fds = (slot.health.fileno(),)
+        options.update(health_port=0, health_host="127.0.0.1", health_fd=fds[0])
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD],
         stdin=subprocess.PIPE,
         start_new_session=True,  # our signals only, passed on once
+        pass_fds=fds,
     )
     assert proc.stdin is not None
     # On stdin, not in argv or the environment: the DSN may hold a password.  A child
@@ -87,8 +109,13 @@ def supervise(processes: int, params: dict[str, Any]) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     slots = [_Slot(i + 1) for i in range(processes)]
+    health = None
+    if params.get("health_port") is not None:
+        # Before anything starts: a port in use is exit 2, with no child to stop.
+        health = _Health(slots, params["health_stall"])
+        health.serve(params["health_host"], params["health_port"])
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     passed_on = 0
     try:
         for slot in slots:
@@ -109,8 +136,12 @@ def supervise(processes: int, params: dict[str, Any]) -> int:
                         slot.proc.send_signal(signum)
             if _step(slots, params, stopping=bool(received)):
                 break
+            if health is not None:
+                health.turned = time.monotonic()
             time.sleep(0.05)
     finally:
+        if health is not None:
+            health.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
         for slot in slots:
@@ -176,3 +207,80 @@ def _exit_code(slots: list[_Slot], received: list[int]) -> int:
     if any(code != 0 for code in final):
         return 1
     return 0
+
+
+class _Health:
+    """The supervisor's /livez and /readyz: its children's answers, put together."""
+
+    def __init__(self, slots: list[_Slot], stall: float) -> None:
+        self.slots = slots
+        self.stall = stall
+        self.turned = time.monotonic()  # the supervisor's loop, each pass
+        for slot in slots:
+            slot.health = socket.create_server(("127.0.0.1", 0))
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, host: str, port: int) -> None:
+        try:
+            self._server, self._thread = serve_http(
+                self.answer, host=host, port=port, sock=None, name="skiplock-supervisor-health"
+            )
+        except BaseException:
+            self.close()
+            raise
+        bound = self._server.server_address[1]
+        logger.info("supervisor: health at http://%s:%d/livez and /readyz", host, bound)
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]]:
+        if path not in ("/livez", "/readyz"):
+            return 404, {"error": f"no {path}: GET /livez or /readyz"}
+        key = "live" if path == "/livez" else "ready"
+        with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
+            children = list(pool.map(lambda slot: self._child(slot, path), self.slots))
+        reasons = [
+            f"process {c['process']}: {c.get('reason', 'not ' + key)}"
+            for c in children
+            if not c[key]
+        ]
+        if key == "live" and time.monotonic() - self.turned > self.stall:
+            reasons.append(f"supervisor loop stuck for {time.monotonic() - self.turned:.1f}s")
+        doc: dict[str, Any] = {key: not reasons, "processes": children}
+        if reasons:
+            doc["reason"] = "; ".join(reasons)
+        return (503 if reasons else 200), doc
+
+    def _child(self, slot: _Slot, path: str) -> dict[str, Any]:
+        proc, started, sock = slot.proc, slot.started_at, slot.health
+        out: dict[str, Any] = {"process": slot.index}
+        if proc is None or proc.poll() is not None or sock is None:
+            # Being started again: live (we are doing what a restart would), not ready.
+            return {**out, "live": True, "ready": False, "reason": "being started again"}
+        out["pid"] = proc.pid
+        port = sock.getsockname()[1]
+        try:
+            url = f"http://127.0.0.1:{port}{path}"
+            with urllib.request.urlopen(url, timeout=CHECK_TIMEOUT + 1.0) as resp:
+                return {**out, **json.loads(resp.read())}
+        except urllib.error.HTTPError as exc:
+            with contextlib.suppress(ValueError):
+                return {**out, **json.loads(exc.read())}
+            problem = f"answered {exc.code}"
+        except (OSError, ValueError) as exc:
+            problem = f"did not answer ({exc})"
+        if time.monotonic() - started < self.stall:
+            return {**out, "live": True, "ready": False, "reason": "starting"}
+        return {**out, "live": False, "ready": False, "reason": problem}
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for slot in self.slots:
+            if slot.health is not None:
+                slot.health.close()
+                slot.health = None

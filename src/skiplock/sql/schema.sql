@@ -100,6 +100,12 @@ BEGIN
         EXECUTE format('DELETE FROM %I.job_keys AS k USING %s AS j '
                        'WHERE k.queue = j.queue AND k.idempotency_key = j.idempotency_key '
                        'AND k.job_id = j.id', ns, p.rel);
+        -- 0016: the edges of the day's jobs go with them (a child finishes after its
+        -- parents, so its day is the later one, and its edges go with it).
+        EXECUTE format('DELETE FROM %I.job_deps AS d USING %s AS j WHERE d.child = j.id',
+                       ns, p.rel);
+        EXECUTE format('DELETE FROM %I.workflows AS w USING %s AS j WHERE w.id = j.id',
+                       ns, p.rel);
         EXECUTE format('SELECT count(*) FROM %s', p.rel) INTO jobs;
         EXECUTE format('DROP TABLE %s', p.rel);
         day := p.d;
@@ -107,6 +113,228 @@ BEGIN
     END LOOP;
 END
 $_$;
+
+-- Name: enqueue_graph(bigint[], text[], text[], integer[], timestamp with time zone[], integer[], text[], text[], bigint[], bigint[], integer[], boolean[], text, text); Type: FUNCTION
+
+CREATE FUNCTION {schema}.enqueue_graph(ids bigint[], queues text[], payloads text[], priorities integer[], run_ats timestamp with time zone[], max_attempts integer[], tasks text[], metas text[], parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[], workflow text, channel text) RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    outside  bigint[];
+    found    bigint[];
+    statuses text[];
+    tries    integer := 0;
+    n        integer;
+    i        integer;
+BEGIN
+    IF EXISTS (SELECT unnest(children) EXCEPT SELECT unnest(ids)) THEN
+        RAISE EXCEPTION 'enqueue_graph: an edge names a child outside the batch'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(o.p) INTO outside
+    FROM (SELECT unnest(parents) AS p EXCEPT SELECT unnest(ids)) AS o;
+    IF outside IS NOT NULL THEN
+        LOOP
+            SELECT array_agg(l.id ORDER BY l.id), array_agg(l.status ORDER BY l.id)
+            INTO found, statuses
+            FROM (SELECT j.id, j.status FROM "{schema}".jobs AS j
+                  WHERE j.id = ANY (outside)
+                  ORDER BY j.id
+                  FOR NO KEY UPDATE) AS l;
+            EXIT WHEN cardinality(coalesce(found, '{}')) = cardinality(outside);
+            tries := tries + 1;
+            IF tries >= 3 THEN
+                RAISE EXCEPTION 'after: no job %',
+                    (SELECT min(m.p) FROM (SELECT unnest(outside) AS p
+                                           EXCEPT SELECT unnest(found)) AS m)
+                    USING ERRCODE = 'no_data_found';
+            END IF;
+        END LOOP;
+        UPDATE "{schema}".jobs AS j
+        SET has_children = true
+        FROM unnest(found, statuses) AS f(id, status)
+        WHERE j.id = f.id AND NOT j.has_children
+          AND f.status NOT IN ('done', 'failed', 'cancelled');
+    END IF;
+
+    INSERT INTO "{schema}".jobs (id, queue, status, payload, priority, run_at, max_attempts,
+                               task, meta, has_children, deps_left)
+    SELECT r.id, r.queue,
+           CASE WHEN e.n IS NOT NULL THEN 'waiting' ELSE 'pending' END,
+           r.payload::jsonb, r.priority, coalesce(r.run_at, now()), r.max_attempts,
+           r.task, r.meta::jsonb,
+           h.p IS NOT NULL,
+           e.n
+    FROM unnest(ids, queues, payloads, priorities, run_ats, max_attempts, tasks, metas)
+         AS r(id, queue, payload, priority, run_at, max_attempts, task, meta)
+    LEFT JOIN (SELECT c, count(*)::integer AS n FROM unnest(children) AS c GROUP BY c) AS e
+           ON e.c = r.id
+    LEFT JOIN (SELECT DISTINCT p FROM unnest(parents) AS p) AS h ON h.p = r.id
+    ORDER BY r.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+
+    INSERT INTO "{schema}".job_deps (parent, child, pos, cancel_on_failure)
+    SELECT e.parent, e.child, e.pos, e.cancel
+    FROM unnest(parents, children, positions, cancel_on_failure)
+         AS e(parent, child, pos, cancel);
+
+    -- A canvas (docs/workflows.md) records itself under the id of its first job.
+    IF workflow IS NOT NULL THEN
+        INSERT INTO "{schema}".workflows (id, output, steps)
+        VALUES (ids[1], workflow::jsonb, ids);
+    END IF;
+
+    -- Parents that had finished: settled now, in id order, as their trigger would have.
+    FOR i IN 1 .. cardinality(coalesce(found, '{}')) LOOP
+        IF statuses[i] IN ('done', 'failed', 'cancelled') THEN
+            PERFORM "{schema}".settle(found[i], statuses[i], channel);
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+-- Name: enqueue_keyed(bigint[], text, text[], text[], integer, timestamp with time zone, integer, text, text, double precision, text, boolean); Type: FUNCTION
+
+CREATE FUNCTION {schema}.enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean) RETURNS TABLE(n integer, job_id bigint, outcome text)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+#variable_conflict use_column
+DECLARE
+    c_n       integer[];
+    c_id      bigint[];
+    c_payload text[];
+    c_key     text[];
+    holder    bigint;
+    h         record;
+    st        text;
+    unstarted boolean;
+    reason    text;
+BEGIN
+    IF p_on_conflict IS NULL OR p_on_conflict NOT IN ('return', 'replace', 'raise') THEN
+        RAISE EXCEPTION 'on_conflict must be return, replace or raise, not %', p_on_conflict
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Every row whose key is free, or that has none, in two statements; the rows whose
+    -- key is held are kept, in key order, for the loop below.
+    WITH u AS MATERIALIZED (
+        SELECT u.id, u.payload, u.key, u.n::integer AS n,
+               p_retry AND EXISTS (SELECT 1 FROM "{schema}".jobs AS j
+                                   WHERE j.id = u.id AND j.queue = p_queue) AS present
+        FROM unnest(p_ids, p_payloads, p_keys) WITH ORDINALITY AS u(id, payload, key, n)
+    ),
+    k AS (
+        INSERT INTO "{schema}".job_keys (queue, idempotency_key, job_id)
+        SELECT p_queue, u.key, u.id FROM u
+        WHERE u.key IS NOT NULL AND NOT u.present
+        ORDER BY u.key, u.n
+        ON CONFLICT DO NOTHING
+        RETURNING job_id
+    ),
+    ins AS (
+        INSERT INTO "{schema}".jobs (id, queue, payload, priority, run_at, max_attempts,
+                                   idempotency_key, task, meta)
+        SELECT u.id, p_queue, u.payload::jsonb, p_priority, coalesce(p_run_at, now()),
+               p_max_attempts, u.key, p_task, p_meta::jsonb
+        FROM u
+        WHERE NOT u.present AND (u.key IS NULL OR u.id IN (SELECT k.job_id FROM k))
+        ORDER BY u.id
+        RETURNING id
+    )
+    SELECT array_agg(u.n ORDER BY u.key, u.n), array_agg(u.id ORDER BY u.key, u.n),
+           array_agg(u.payload ORDER BY u.key, u.n), array_agg(u.key ORDER BY u.key, u.n)
+    INTO c_n, c_id, c_payload, c_key
+    FROM u
+    WHERE NOT u.present AND u.key IS NOT NULL AND u.id NOT IN (SELECT ins.id FROM ins);
+
+    RETURN QUERY
+        SELECT u.n::integer, u.id, 'new'::text
+        FROM unnest(p_ids) WITH ORDINALITY AS u(id, n)
+        WHERE u.n NOT IN (SELECT unnest(coalesce(c_n, '{}')));
+
+    <<each>>
+    FOR i IN 1 .. coalesce(cardinality(c_n), 0) LOOP
+        n := c_n[i];
+        LOOP
+            SELECT k.job_id INTO holder
+            FROM "{schema}".job_keys AS k
+            WHERE k.queue = p_queue AND k.idempotency_key = c_key[i]
+            FOR UPDATE;
+            IF NOT FOUND THEN
+                -- Its job went (retention, delete) since the insert above: take it now,
+                -- or, if another enqueuer just did, look again.
+                INSERT INTO "{schema}".job_keys (queue, idempotency_key, job_id)
+                VALUES (p_queue, c_key[i], c_id[i])
+                ON CONFLICT DO NOTHING;
+                EXIT WHEN FOUND;
+                CONTINUE;
+            END IF;
+            SELECT j.status, j.attempts,
+                   j.task IS NOT DISTINCT FROM p_task AS same_task,
+                   j.task IS NOT DISTINCT FROM p_task AND j.payload = c_payload[i]::jsonb AS same,
+                   j.status IN ('done', 'failed', 'cancelled')
+                       AND j.finished_at <= clock_timestamp()
+                                            - make_interval(secs => p_unique_for) AS lapsed
+            INTO h
+            FROM "{schema}".jobs AS j
+            WHERE j.id = holder;
+            IF NOT FOUND OR (p_unique_for IS NOT NULL AND h.lapsed) THEN
+                -- The key has lapsed for this enqueuer: it passes to the new job.
+                UPDATE "{schema}".job_keys AS k SET job_id = c_id[i]
+                WHERE k.queue = p_queue AND k.idempotency_key = c_key[i];
+                EXIT;
+            END IF;
+            st := h.status;
+            IF p_on_conflict = 'raise' THEN
+                reason := 'exists';
+            ELSIF h.same THEN
+                job_id := holder;
+                outcome := 'existing';
+                RETURN NEXT;
+                CONTINUE each;
+            ELSIF p_on_conflict = 'replace' AND h.same_task THEN
+                FOR attempt IN 1 .. 3 LOOP
+                    UPDATE "{schema}".jobs AS j
+                    SET payload = c_payload[i]::jsonb, meta = p_meta::jsonb
+                    WHERE j.id = holder AND j.status = 'pending' AND j.attempts = 0;
+                    IF FOUND THEN
+                        job_id := holder;
+                        outcome := 'replaced';
+                        RETURN NEXT;
+                        CONTINUE each;
+                    END IF;
+                    -- A claim got there first: too late to replace.  Or upkeep moved the
+                    -- (delayed) job to another partition while we waited for its row: a
+                    -- move deletes the version we waited on, so look it up again.
+                    SELECT j.status, j.status = 'pending' AND j.attempts = 0
+                    INTO st, unstarted
+                    FROM "{schema}".jobs AS j WHERE j.id = holder;
+                    EXIT WHEN NOT coalesce(unstarted, false);
+                END LOOP;
+                reason := 'started';
+            ELSE
+                reason := 'arguments';
+            END IF;
+            RAISE EXCEPTION 'job % (%) holds key % in queue %', holder, st,
+                            quote_literal(c_key[i]), quote_literal(p_queue)
+                USING ERRCODE = 'SL409',
+                      DETAIL = json_build_object('job_id', holder, 'status', st,
+                                                 'reason', reason, 'key', c_key[i],
+                                                 'queue', p_queue)::text;
+        END LOOP;
+        -- The key is this row's now: its job goes in.
+        INSERT INTO "{schema}".jobs (id, queue, payload, priority, run_at, max_attempts,
+                                   idempotency_key, task, meta)
+        VALUES (c_id[i], p_queue, c_payload[i]::jsonb, p_priority, coalesce(p_run_at, now()),
+                p_max_attempts, c_key[i], p_task, p_meta::jsonb);
+        job_id := c_id[i];
+        outcome := 'new';
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
 
 -- Name: fence_errors(bigint[], uuid[], text[], double precision[], boolean[]); Type: FUNCTION
 
@@ -130,6 +358,18 @@ CREATE FUNCTION {schema}.fence_tokens(ids bigint[], tokens uuid[]) RETURNS TABLE
     LANGUAGE sql ROWS 1
     AS $$
     SELECT * FROM unnest(ids, tokens)
+$$;
+
+-- Name: jobs_settle(); Type: FUNCTION
+
+CREATE FUNCTION {schema}.jobs_settle() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+BEGIN
+    PERFORM "{schema}".settle(NEW.id, NEW.status, TG_ARGV[0]);
+    RETURN NULL;
+END
 $$;
 
 -- Name: key_admit(); Type: FUNCTION
@@ -224,6 +464,94 @@ BEGIN
                   WHERE w.waiting IS NOT FALSE AND q.queue = ANY (w.queues))
        OR NOT EXISTS (SELECT FROM "{schema}".workers);
     RETURN NULL;
+END
+$$;
+
+-- Name: settle(bigint, text, text); Type: FUNCTION
+
+CREATE FUNCTION {schema}.settle(parent_id bigint, parent_status text, channel text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    counted bigint[];
+    doomed  bigint[];
+    vias    bigint[];
+    woken   text[];
+    q       text;
+BEGIN
+    WITH s AS (
+        UPDATE "{schema}".job_deps AS d
+        SET settled = true
+        WHERE d.parent = parent_id AND NOT d.settled
+        RETURNING d.child, d.cancel_on_failure
+    )
+    SELECT array_agg(s.child ORDER BY s.child)
+               FILTER (WHERE parent_status = 'done' OR NOT s.cancel_on_failure),
+           array_agg(s.child ORDER BY s.child)
+               FILTER (WHERE parent_status <> 'done' AND s.cancel_on_failure)
+    INTO counted, doomed
+    FROM s;
+
+    IF counted IS NOT NULL THEN
+        PERFORM FROM (SELECT j.id FROM "{schema}".jobs AS j
+                      WHERE j.id = ANY (counted) AND j.status = 'waiting'
+                      ORDER BY j.id
+                      FOR NO KEY UPDATE) AS locked;
+        WITH released AS (
+            UPDATE "{schema}".jobs AS j
+            SET deps_left = j.deps_left - 1,
+                status    = CASE WHEN j.deps_left <= 1 THEN 'pending' ELSE 'waiting' END
+            WHERE j.id = ANY (counted) AND j.status = 'waiting'
+            RETURNING j.queue, j.status, j.run_at
+        )
+        SELECT array_agg(DISTINCT r.queue) INTO woken
+        FROM released AS r
+        WHERE r.status = 'pending' AND r.run_at <= now();
+        -- Wake the queue's workers, as the enqueue trigger does (migration 0008).
+        FOREACH q IN ARRAY coalesce(woken, '{}'::text[])
+        LOOP
+            IF EXISTS (SELECT FROM "{schema}".workers AS w
+                       WHERE w.waiting IS NOT FALSE AND q = ANY (w.queues))
+               OR NOT EXISTS (SELECT FROM "{schema}".workers) THEN
+                PERFORM pg_notify(channel, q);
+            END IF;
+        END LOOP;
+    END IF;
+
+    IF doomed IS NOT NULL THEN
+        WITH RECURSIVE reach (id, via) AS (
+            SELECT j.id, parent_id
+            FROM "{schema}".jobs AS j
+            WHERE j.id = ANY (doomed) AND j.status = 'waiting'
+            UNION
+            SELECT d.child, d.parent
+            FROM reach
+            JOIN "{schema}".job_deps AS d
+              ON d.parent = reach.id AND d.cancel_on_failure AND NOT d.settled
+            JOIN "{schema}".jobs AS j ON j.id = d.child AND j.status = 'waiting'
+        )
+        SELECT array_agg(x.id ORDER BY x.id), array_agg(x.via ORDER BY x.id)
+        INTO doomed, vias
+        FROM (SELECT reach.id, min(reach.via) AS via FROM reach GROUP BY reach.id) AS x;
+        IF doomed IS NOT NULL THEN
+            PERFORM FROM (SELECT j.id FROM "{schema}".jobs AS j
+                          WHERE j.id = ANY (doomed) AND j.status = 'waiting'
+                          ORDER BY j.id
+                          FOR NO KEY UPDATE) AS locked;
+            UPDATE "{schema}".jobs AS j
+            SET status      = 'cancelled',
+                finished_at = now(),
+                last_error  = CASE WHEN x.via = parent_id
+                                   THEN format('cancelled: parent job %s %s',
+                                               parent_id, parent_status)
+                                   ELSE format('cancelled: parent job %s was cancelled '
+                                               'after job %s %s', x.via, parent_id,
+                                               parent_status) END
+            FROM unnest(doomed, vias) AS x(id, via)
+            WHERE j.id = x.id AND j.status = 'waiting';
+        END IF;
+    END IF;
 END
 $$;
 
@@ -371,12 +699,13 @@ BEGIN
                                        max_attempts, worker, lease_token, locked_until,
                                        started_at, finished_at, last_error, idempotency_key,
                                        created_at, completions, handback_token, result,
-                                       cancel_requested, notify_finish, task, meta, concurrency_key,
-                                       concurrency, part)
+                                       cancel_requested, notify_finish, task, meta, has_children,
+                                       deps_left, concurrency_key, concurrency, part)
             SELECT id, queue, status, priority, run_at, payload, attempts, max_attempts,
                    worker, lease_token, locked_until, started_at, finished_at, last_error,
                    idempotency_key, created_at, completions, handback_token, result,
-                   cancel_requested, notify_finish, task, meta, concurrency_key, concurrency,
+                   cancel_requested, notify_finish, task, meta, has_children, deps_left,
+                   concurrency_key, concurrency,
                    CASE WHEN status = 'pending' THEN cur
                         ELSE "{schema}".day_part(finished_at) END
             FROM gone
@@ -473,6 +802,16 @@ CREATE TABLE {schema}.generations (
     CONSTRAINT generations_part_check CHECK (((part >= 1) AND (part < 1000000)))
 );
 
+-- Name: job_deps; Type: TABLE
+
+CREATE TABLE {schema}.job_deps (
+    parent bigint NOT NULL,
+    child bigint NOT NULL,
+    pos integer NOT NULL,
+    cancel_on_failure boolean DEFAULT true NOT NULL,
+    settled boolean DEFAULT false NOT NULL
+);
+
 -- Name: job_keys; Type: TABLE
 
 CREATE TABLE {schema}.job_keys (
@@ -508,13 +847,15 @@ CREATE TABLE {schema}.jobs (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
+    has_children boolean DEFAULT false NOT NULL,
+    deps_left integer,
     concurrency_key text,
     concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 PARTITION BY LIST (part);
 
@@ -545,13 +886,15 @@ CREATE TABLE {schema}.jobs_g1 (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null NOT NULL,
+    has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
+    deps_left integer,
     concurrency_key text,
     concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
@@ -582,13 +925,15 @@ CREATE TABLE {schema}.jobs_g2 (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
+    has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
+    deps_left integer,
     concurrency_key text,
     concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80');
 
@@ -619,13 +964,15 @@ CREATE TABLE {schema}.jobs_g3 (
     task text,
     meta jsonb,
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
+    has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
+    deps_left integer,
     concurrency_key text,
     concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80');
 
@@ -701,6 +1048,15 @@ CREATE TABLE {schema}.workers (
     waiting boolean
 );
 
+-- Name: workflows; Type: TABLE
+
+CREATE TABLE {schema}.workflows (
+    id bigint NOT NULL,
+    output jsonb NOT NULL,
+    steps bigint[] NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
 -- Name: jobs_g1; Type: TABLE ATTACH
 
 ALTER TABLE ONLY {schema}.jobs ATTACH PARTITION {schema}.jobs_g1 FOR VALUES IN (1);
@@ -722,6 +1078,11 @@ ALTER TABLE ONLY {schema}.concurrency_keys
 
 ALTER TABLE ONLY {schema}.generations
     ADD CONSTRAINT generations_pkey PRIMARY KEY (part);
+
+-- Name: job_deps job_deps_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY {schema}.job_deps
+    ADD CONSTRAINT job_deps_pkey PRIMARY KEY (parent, child);
 
 -- Name: job_keys job_keys_pkey; Type: CONSTRAINT
 
@@ -767,6 +1128,15 @@ ALTER TABLE ONLY {schema}.queues
 
 ALTER TABLE ONLY {schema}.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (name);
+
+-- Name: workflows workflows_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY {schema}.workflows
+    ADD CONSTRAINT workflows_pkey PRIMARY KEY (id);
+
+-- Name: job_deps_child_idx; Type: INDEX
+
+CREATE INDEX job_deps_child_idx ON {schema}.job_deps USING btree (child, pos);
 
 -- Name: jobs_claimable_idx; Type: INDEX
 
@@ -940,6 +1310,10 @@ CREATE TRIGGER jobs_key_hold BEFORE INSERT ON {schema}.jobs FOR EACH ROW WHEN ((
 
 CREATE TRIGGER jobs_notify_enqueued AFTER INSERT ON {schema}.jobs REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_enqueued('skiplock_{schema}');
 
+-- Name: jobs jobs_settle; Type: TRIGGER
+
+CREATE TRIGGER jobs_settle AFTER UPDATE OF status ON {schema}.jobs FOR EACH ROW WHEN ((new.has_children AND (new.status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])) AND (old.status <> ALL (ARRAY['done'::text, 'failed'::text, 'cancelled'::text])))) EXECUTE FUNCTION {schema}.jobs_settle('skiplock_{schema}');
+
 -- Name: FUNCTION add_partition(rel text, part integer); Type: ACL
 
 REVOKE ALL ON FUNCTION {schema}.add_partition(rel text, part integer) FROM PUBLIC;
@@ -947,6 +1321,18 @@ REVOKE ALL ON FUNCTION {schema}.add_partition(rel text, part integer) FROM PUBLI
 -- Name: FUNCTION drop_finished(older_than double precision); Type: ACL
 
 REVOKE ALL ON FUNCTION {schema}.drop_finished(older_than double precision) FROM PUBLIC;
+
+-- Name: FUNCTION enqueue_graph(ids bigint[], queues text[], payloads text[], priorities integer[], run_ats timestamp with time zone[], max_attempts integer[], tasks text[], metas text[], parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[], workflow text, channel text); Type: ACL
+
+REVOKE ALL ON FUNCTION {schema}.enqueue_graph(ids bigint[], queues text[], payloads text[], priorities integer[], run_ats timestamp with time zone[], max_attempts integer[], tasks text[], metas text[], parents bigint[], children bigint[], positions integer[], cancel_on_failure boolean[], workflow text, channel text) FROM PUBLIC;
+
+-- Name: FUNCTION enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean); Type: ACL
+
+REVOKE ALL ON FUNCTION {schema}.enqueue_keyed(p_ids bigint[], p_queue text, p_payloads text[], p_keys text[], p_priority integer, p_run_at timestamp with time zone, p_max_attempts integer, p_task text, p_meta text, p_unique_for double precision, p_on_conflict text, p_retry boolean) FROM PUBLIC;
+
+-- Name: FUNCTION settle(parent_id bigint, parent_status text, channel text); Type: ACL
+
+REVOKE ALL ON FUNCTION {schema}.settle(parent_id bigint, parent_status text, channel text) FROM PUBLIC;
 
 -- Name: FUNCTION upkeep(rotate_rows bigint, rotate_after double precision, rotate_idle double precision, batch integer); Type: ACL
 

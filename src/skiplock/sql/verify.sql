@@ -10,7 +10,8 @@
 SELECT c.oid IS NOT NULL AS migrated,
        EXISTS (SELECT 1 FROM pg_attribute a
                WHERE a.attrelid = c.oid AND a.attname = 'completions' AND NOT a.attisdropped)
-           AS has_completions
+           AS has_completions,
+       to_regclass(format('%%I.job_deps', %(schema)s::text)) IS NOT NULL AS has_deps
 FROM (SELECT to_regclass(format('%%I.jobs', %(schema)s::text))::oid AS oid) AS c;
 
 -- name: expired_leases
@@ -47,6 +48,23 @@ SELECT id, queue, status, completions, attempts, worker, finished_at,
 FROM {schema}.jobs
 WHERE completions > 1
 ORDER BY id
+LIMIT %(limit)s;
+
+-- name: stranded_waiting
+-- Jobs that wait (migration 0016) for nothing that can still finish: every parent they
+-- still count is finished or gone.  The release is in the transaction that finishes a
+-- parent, so in one snapshot a finished parent's edge is settled and its child counted
+-- down; a row here means a release was lost (or a parent deleted by hand), and the job
+-- will never run: cancel it, or enqueue it again.
+SELECT j.id, j.queue, j.task, j.deps_left, j.created_at,
+       count(*) OVER () AS total
+FROM {schema}.jobs AS j
+WHERE j.status = 'waiting'
+  AND NOT EXISTS (SELECT FROM {schema}.job_deps AS d
+                  JOIN {schema}.jobs AS p ON p.id = d.parent
+                  WHERE d.child = j.id AND NOT d.settled
+                    AND p.status NOT IN ('done', 'failed', 'cancelled'))
+ORDER BY j.id
 LIMIT %(limit)s;
 
 -- name: worker_sessions

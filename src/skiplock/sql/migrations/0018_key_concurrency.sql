@@ -193,8 +193,10 @@ BEGIN
 END
 $mig$;
 
--- upkeep() as in 0014, its move carrying the two new columns (a delayed keyed job moved
--- without its key would run outside its limit).
+-- upkeep() as in 0016 (0014's with 0016's columns), its move carrying the two new
+-- columns too: a delayed keyed job moved without its key would run outside its limit.
+-- It does not move throttled jobs (its statuses are listed): like 0016's waiting jobs,
+-- they stay in their generation until admitted.
 CREATE OR REPLACE FUNCTION {schema}.upkeep(rotate_rows bigint, rotate_after float8,
                                 rotate_idle float8, batch integer)
 RETURNS TABLE (action text, gen integer, jobs bigint)
@@ -339,12 +341,13 @@ BEGIN
                                        max_attempts, worker, lease_token, locked_until,
                                        started_at, finished_at, last_error, idempotency_key,
                                        created_at, completions, handback_token, result,
-                                       cancel_requested, notify_finish, task, meta, concurrency_key,
-                                       concurrency, part)
+                                       cancel_requested, notify_finish, task, meta, has_children,
+                                       deps_left, concurrency_key, concurrency, part)
             SELECT id, queue, status, priority, run_at, payload, attempts, max_attempts,
                    worker, lease_token, locked_until, started_at, finished_at, last_error,
                    idempotency_key, created_at, completions, handback_token, result,
-                   cancel_requested, notify_finish, task, meta, concurrency_key, concurrency,
+                   cancel_requested, notify_finish, task, meta, has_children, deps_left,
+                   concurrency_key, concurrency,
                    CASE WHEN status = 'pending' THEN cur
                         ELSE {schema}.day_part(finished_at) END
             FROM gone

@@ -70,6 +70,23 @@ class Command(BaseCommand):  # type: ignore[misc]  # django is untyped
         )
         parser.add_argument("--name", default=None, help="The worker's name (host-pid).")
         parser.add_argument("--backend", default=None, help="The TASKS alias (default: the one).")
+        parser.add_argument(
+            "--health-port",
+            type=int,
+            default=None,
+            help="Serve GET /livez and /readyz on this port (0: any free one; docs/deploy.md).",
+        )
+        parser.add_argument(
+            "--health-host",
+            default="127.0.0.1",
+            help="Address for --health-port [127.0.0.1]; 0.0.0.0 in a container.",
+        )
+        parser.add_argument(
+            "--health-stall",
+            type=float,
+            default=60.0,
+            help="Seconds a loop may spend in one step before /livez fails [60].",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         log_to_stderr(logging.DEBUG if options["verbosity"] > 1 else logging.INFO)
@@ -95,6 +112,9 @@ class Command(BaseCommand):  # type: ignore[misc]  # django is untyped
                 shutdown_grace=grace,
                 name=options["name"],
                 prefetch=options["prefetch"],
+                health_port=options["health_port"],
+                health_host=options["health_host"],
+                health_stall=options["health_stall"],
             )
             ready_or_stop(backend)  # after the checks that need no connection
             if worker.tasks is not None:
