@@ -462,13 +462,18 @@ def _cause(prev: _Attempt, before: float, faults: list[Record]) -> str:
                 return "paused"
     lo = prev.first_t - 10.0
     seen = {str(f["f"]) for f in faults if f.get("f") in _OUTAGES and lo <= float(f["t"]) <= before}
-    # The holder ended the attempt itself (its timeout is recorded) and no hand-back
-    # committed: it owed a write that an outage in the window kept from the server.
-    ended = [et for et, ev in prev.events if ev == "timed_out" and et <= before]
-    if ended and seen and not prev.has(*_HANDED_BACK):
-        return "unwritten"
     # The biggest outage in the window is named when several overlap.
-    return next((name for name in _OUTAGES if name in seen), "none")
+    name = next((name for name in _OUTAGES if name in seen), "none")
+    # The holder had its attempt's outcome and no hand-back committed: it ended the
+    # attempt itself (its timeout is recorded), or its fenced write of the outcome was
+    # refused later because the lease had run out meanwhile (lease_lost: the worker
+    # was alive and writing).  An outage in the window kept its heartbeats and that
+    # write from the server until the lease ran out: the documented rerun.  A crash or
+    # failover keeps its own name: it may have taken a commit back, counted apart.
+    owed = prev.has("timed_out") or prev.has("lease_lost")
+    if owed and name not in ("none", "crash", "failover") and not prev.has(*_HANDED_BACK):
+        return "unwritten"
+    return name
 
 
 def _recovery(
