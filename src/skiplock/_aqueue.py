@@ -409,6 +409,8 @@ class AsyncQueue(QueueBase):
         on_conflict: str = "return",
         after: Sequence[int] | None = None,
         on_parent_failure: str = "cancel",
+        concurrency_key: str | None = None,
+        concurrency: int | None = None,
     ) -> int:
         """Add one job and return its id.
 
@@ -430,10 +432,17 @@ class AsyncQueue(QueueBase):
         cancelled, this job is cancelled with its waiting descendants
         (``on_parent_failure="cancel"``, the default), or runs all the same
         (``"run"``).  ``parent_results`` reads their outcomes.
+
+        With a ``concurrency_key`` and ``concurrency=N``, at most N jobs of that key
+        run at once across all workers; the others wait, status ``throttled``,
+        unclaimed (docs/workflows.md, "Per-key concurrency").  Not yet with an
+        ``idempotency_key`` or ``after``.
         """
         if after is not None:
             if idempotency_key is not None:
                 raise ValueError("after cannot be combined with an idempotency_key")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
             make_after = self._after_op(
                 [payload],
                 queue,
@@ -459,6 +468,8 @@ class AsyncQueue(QueueBase):
             retryable=conn is None,
             unique_for=unique_for,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         # Safe to send again after a lost reply: the key's unique index, or the id
         # reserved first (see _ops.Reserved).
@@ -481,6 +492,8 @@ class AsyncQueue(QueueBase):
         on_conflict: str = "return",
         after: Sequence[int] | None = None,
         on_parent_failure: str = "cancel",
+        concurrency_key: str | Sequence[str | None] | None = None,
+        concurrency: int | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order.
 
@@ -489,10 +502,14 @@ class AsyncQueue(QueueBase):
         earlier rows of the batch; a conflict that raises enqueues none of them.
         ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
         waits for every job named (one statement, not a COPY).
+        ``concurrency_key``/``concurrency``: as for ``enqueue``; one key for them all, or
+        a sequence of one key (or None) per payload.
         """
         if after is not None:
             if idempotency_keys is not None:
                 raise ValueError("after cannot be combined with idempotency_keys")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
             make_after = self._after_op(
                 payloads,
                 queue,
@@ -516,6 +533,8 @@ class AsyncQueue(QueueBase):
             meta,
             unique_for=unique_for,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         # Safe to send again after a lost reply: its ids are reserved first and a
         # retry looks for them before sending (see _ops.Reserved).

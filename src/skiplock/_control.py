@@ -51,7 +51,8 @@ __all__ = [
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 FINAL = frozenset({"done", "failed", "cancelled"})
-STATUSES = frozenset({"pending", "running", "waiting", *FINAL})
+# throttled: waiting for a slot of its concurrency key (migration 0018).
+STATUSES = frozenset({"pending", "running", "waiting", "throttled", *FINAL})
 
 
 @dataclass(frozen=True, slots=True)

@@ -373,6 +373,8 @@ class Queue(QueueBase):
         on_conflict: str = "return",
         after: Sequence[int] | None = None,
         on_parent_failure: str = "cancel",
+        concurrency_key: str | None = None,
+        concurrency: int | None = None,
     ) -> int:
         """Add one job and return its id.
 
@@ -394,10 +396,17 @@ class Queue(QueueBase):
         cancelled, this job is cancelled with its waiting descendants
         (``on_parent_failure="cancel"``, the default), or runs all the same
         (``"run"``).  ``parent_results`` reads their outcomes.
+
+        With a ``concurrency_key`` and ``concurrency=N``, at most N jobs of that key
+        run at once across all workers; the others wait, status ``throttled``,
+        unclaimed (docs/workflows.md, "Per-key concurrency").  Not yet with an
+        ``idempotency_key`` or ``after``.
         """
         if after is not None:
             if idempotency_key is not None:
                 raise ValueError("after cannot be combined with an idempotency_key")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
             make_after = self._after_op(
                 [payload],
                 queue,
@@ -423,6 +432,8 @@ class Queue(QueueBase):
             retryable=conn is None,
             unique_for=unique_for,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         job_id = self._execute(make, conn=conn, what="enqueue")
         return int(job_id)
@@ -443,6 +454,8 @@ class Queue(QueueBase):
         on_conflict: str = "return",
         after: Sequence[int] | None = None,
         on_parent_failure: str = "cancel",
+        concurrency_key: str | Sequence[str | None] | None = None,
+        concurrency: int | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order.
 
@@ -451,10 +464,14 @@ class Queue(QueueBase):
         earlier rows of the batch; a conflict that raises enqueues none of them.
         ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
         waits for every job named (one statement, not a COPY).
+        ``concurrency_key``/``concurrency``: as for ``enqueue``; one key for them all, or
+        a sequence of one key (or None) per payload.
         """
         if after is not None:
             if idempotency_keys is not None:
                 raise ValueError("after cannot be combined with idempotency_keys")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
             make_after = self._after_op(
                 payloads,
                 queue,
@@ -478,6 +495,8 @@ class Queue(QueueBase):
             meta,
             unique_for=unique_for,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         ids = self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)

@@ -310,9 +310,13 @@ FROM {schema}.enqueue_keyed(%(ids)s::bigint[], %(queue)s::text, %(payloads)s::te
 
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
-INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta)
+-- A job with a concurrency key (migration 0018) is inserted pending like any other; the
+-- jobs_key_hold trigger makes it wait for its key's slot.
+INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta,
+                           concurrency_key, concurrency)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
-        %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+        %(max_attempts)s, %(task)s, %(meta)s::jsonb, %(concurrency_key)s,
+        %(concurrency)s::integer)
 RETURNING id;
 
 -- name: enqueue_graph
@@ -355,9 +359,11 @@ FROM generate_series(1, %(n)s);
 -- An unkeyed enqueue under an id reserved beforehand (so a retry after a lost reply can
 -- look for it), which also reserves the id of the next one: the reservation costs no
 -- round trip of its own after a queue's first enqueue.
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta)
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta,
+                           concurrency_key, concurrency)
 VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
-        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb,
+        %(concurrency_key)s, %(concurrency)s::integer)
 RETURNING id, nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) AS spare;
 
 -- name: enqueued_ids
@@ -373,6 +379,18 @@ FROM STDIN;
 COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, run_at)
 FROM STDIN;
 
+-- name: copy_jobs_concurrency
+-- enqueue_many's COPY for jobs with concurrency keys (migration 0018): the plain COPYs
+-- above stay as they were for jobs without.
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency)
+FROM STDIN;
+
+-- name: copy_jobs_concurrency_at
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency, run_at)
+FROM STDIN;
+
 -- name: get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 
@@ -380,14 +398,15 @@ SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 -- A pending job ends cancelled at once, and so does a waiting one (migration 0016; its
 -- waiting descendants with it, through the settle trigger).  A running job is asked to stop: its worker
 -- sees the request at its next heartbeat (sooner: the NOTIFY below wakes it to beat
--- at once), and its fenced write then ends the job cancelled, never done.
+-- at once), and its fenced write then ends the job cancelled, never done.  A job
+-- waiting for a slot of its concurrency key (throttled, migration 0018) ends at once too.
 WITH asked AS (
     UPDATE {schema}.jobs
     SET status           = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
         finished_at      = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
         cancel_requested = true
     WHERE id = %(id)s
-      AND status IN ('pending', 'running', 'waiting')
+      AND status IN ('pending', 'running', 'waiting', 'throttled')
       AND part < 1000000
     RETURNING id, status, notify_finish
 )
@@ -485,9 +504,12 @@ LIMIT %(limit)s;
 -- An operator's retry of a finished job: pending again at once with fresh attempts.
 -- Not for a running job (its lease holder would be overridden: cancel it first).  The
 -- completion counter is kept, so `verify` still sees a job that was done more than once.
--- The job moves to the current generation (its day holds finished jobs only).
+-- The job moves to the current generation (its day holds finished jobs only).  A job
+-- with a concurrency key waits for a slot again (throttled: migration 0018's triggers
+-- admit it at once if its key has one free).
 UPDATE {schema}.jobs
-SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+SET status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'throttled' END,
+    run_at = now(), attempts = 0, finished_at = NULL,
     started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
     result = NULL,
     part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer

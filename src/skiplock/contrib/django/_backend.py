@@ -60,6 +60,7 @@ DEFAULT_OPTIONS: Mapping[str, Any] = {
 # succeed, so it is FAILED, with a skiplock.JobCancelled error.
 STATUS: Mapping[str, TaskResultStatus] = {
     "pending": TaskResultStatus.READY,
+    "throttled": TaskResultStatus.READY,  # waiting for its concurrency key's slot
     "running": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,
