@@ -51,6 +51,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "versions": ("versions", "drains alternated between two checkouts of skiplock"),
     "held-claims": ("held_claims", "a Worker's claims under a held xmin, head and position"),
     "pickup-stages": ("pickup_stages", "an idle worker's pickup, stage by stage"),
+    "keys": ("keys", "per-key concurrency: the limit held, throughput, fairness"),
     "pool-cost": ("pool_cost", "the process pool's cost per job against threads"),
     "workflows": ("workflows", "a wide chord and a long chain against plain jobs"),
 }

@@ -4,7 +4,7 @@ from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
 from ._canvas import Signature, Workflow, chain, chord, group
 from ._config import RetryPolicy
-from ._control import QueueConfig
+from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -40,6 +40,7 @@ __all__ = [
     "Job",
     "JobCancelled",
     "JobFailed",
+    "JobInfo",
     "JobStateError",
     "LeaseLost",
     "PayloadError",
@@ -48,6 +49,7 @@ __all__ = [
     "QueueConfig",
     "Retry",
     "RetryPolicy",
+    "RetryReport",
     "Signature",
     "SkiplockError",
     "SoftTimeLimitExceeded",

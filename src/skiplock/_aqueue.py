@@ -39,7 +39,7 @@ from ._base import (
     unavailable,
 )
 from ._config import RetryPolicy
-from ._control import QueueConfig
+from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import DatabaseUnavailable
 from ._job import Job
 from ._ops import ClaimPosition, Copy, Execute, FenceResult, Op, resumed
@@ -409,6 +409,8 @@ class AsyncQueue(QueueBase):
         on_conflict: str = "return",
         after: Sequence[int] | None = None,
         on_parent_failure: str = "cancel",
+        concurrency_key: str | None = None,
+        concurrency: int | None = None,
     ) -> int:
         """Add one job and return its id.
 
@@ -430,10 +432,17 @@ class AsyncQueue(QueueBase):
         cancelled, this job is cancelled with its waiting descendants
         (``on_parent_failure="cancel"``, the default), or runs all the same
         (``"run"``).  ``parent_results`` reads their outcomes.
+
+        With a ``concurrency_key`` and ``concurrency=N``, at most N jobs of that key
+        run at once across all workers; the others wait, status ``throttled``,
+        unclaimed (docs/workflows.md, "Per-key concurrency").  Not yet with an
+        ``idempotency_key`` or ``after``.
         """
         if after is not None:
             if idempotency_key is not None:
                 raise ValueError("after cannot be combined with an idempotency_key")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
             make_after = self._after_op(
                 [payload],
                 queue,
@@ -459,6 +468,8 @@ class AsyncQueue(QueueBase):
             retryable=conn is None,
             unique_for=unique_for,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         # Safe to send again after a lost reply: the key's unique index, or the id
         # reserved first (see _ops.Reserved).
@@ -481,6 +492,8 @@ class AsyncQueue(QueueBase):
         on_conflict: str = "return",
         after: Sequence[int] | None = None,
         on_parent_failure: str = "cancel",
+        concurrency_key: str | Sequence[str | None] | None = None,
+        concurrency: int | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order.
 
@@ -489,10 +502,14 @@ class AsyncQueue(QueueBase):
         earlier rows of the batch; a conflict that raises enqueues none of them.
         ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
         waits for every job named (one statement, not a COPY).
+        ``concurrency_key``/``concurrency``: as for ``enqueue``; one key for them all, or
+        a sequence of one key (or None) per payload.
         """
         if after is not None:
             if idempotency_keys is not None:
                 raise ValueError("after cannot be combined with idempotency_keys")
+            if concurrency_key is not None:
+                raise ValueError("after cannot be combined with a concurrency_key (not yet)")
             make_after = self._after_op(
                 payloads,
                 queue,
@@ -516,6 +533,8 @@ class AsyncQueue(QueueBase):
             meta,
             unique_for=unique_for,
             on_conflict=on_conflict,
+            concurrency_key=concurrency_key,
+            concurrency=concurrency,
         )
         # Safe to send again after a lost reply: its ids are reserved first and a
         # retry looks for them before sending (see _ops.Reserved).
@@ -855,6 +874,81 @@ class AsyncQueue(QueueBase):
         """
         op = self._list_jobs_op(queue, status, limit, before_id)
         return list(await self._execute(op, what="list_jobs"))
+
+    async def find_jobs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        since: datetime | timedelta | None = None,
+        error: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[JobInfo]:
+        """Jobs matching every filter given, newest first: ``q.find_jobs(status="failed")``.
+
+        Parameters
+        ----------
+        status
+            One status (``"failed"``) or several; None: any.
+        queue, task
+            The job's queue; its task name (``module.function`` for an App's task).
+        since
+            An aware datetime, or a timedelta meaning that long ago: jobs finished at
+            or after it, and unfinished jobs created at or after it.
+        error
+            Text the job's ``last_error`` contains, ignoring case.
+        limit
+            At most this many rows (1 to 10,000).
+        before_id
+            Only ids below this one: the next page after a page whose last id it is.
+
+        Returns
+        -------
+        list[JobInfo]
+            Each job's state without payload or result (``get`` has them); ``.error`` is
+            the exception line of ``last_error``.
+
+        Raises
+        ------
+        ValueError, ConfigError
+            A bad filter (an unknown status, a naive datetime), before any query.
+        """
+        op = self._find_jobs_op(status, queue, task, since, error, limit, before_id)
+        return list(await self._execute(op, what="find_jobs"))
+
+    async def retry_jobs(self, job_ids: Sequence[int]) -> RetryReport:
+        """Run failed or cancelled jobs again: an operator's retry, by id.
+
+        Each job becomes pending again, due at once, with ``attempts`` 0: a fresh budget
+        of its ``max_attempts``.  ``last_error`` is kept until the next attempt writes
+        its own; ``finished_at``, ``started_at``, ``worker``, ``result`` and a cancel
+        request are cleared.  The job keeps its id, payload, priority and idempotency
+        key: no new job is made.  A job that is pending, running or done is refused and
+        left as it is, and so is an unknown id; ``RetryReport.refused`` says why, per id.
+        A retry racing another retry or a worker is safe: the status is checked on the
+        locked row, so a job is retried once and claimed once.
+        """
+        report = await self._execute(self._retry_jobs_op(job_ids), what="retry_jobs")
+        return cast(RetryReport, report)
+
+    async def retry_failed(
+        self,
+        *,
+        queue: str | None = None,
+        task: str | None = None,
+        since: datetime | timedelta | None = None,
+    ) -> RetryReport:
+        """Run every failed job matching the filters again, as ``retry_jobs`` does.
+
+        ``since`` (an aware datetime, or a timedelta meaning that long ago) takes jobs
+        that failed at or after it.  Cancelled jobs are not taken (retry them by id).
+        Jobs go in batches of 500, in id order, each job at most once per call, even if
+        it fails again meanwhile.
+        """
+        op = self._retry_failed_op(queue, task, since)
+        return cast(RetryReport, await self._execute(op, what="retry_failed"))
 
     async def throughput(
         self, *, window: float = 3600.0, bucket: float = 60.0

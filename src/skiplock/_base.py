@@ -8,7 +8,7 @@ import select
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
@@ -265,6 +265,9 @@ class QueueBase:
     ROTATE_AFTER = 2.0
     ROTATE_IDLE = 3600.0
     UPKEEP_BATCH = 2_000
+    # retry_failed retries this many jobs a statement: a short lock on each batch's rows,
+    # rather than one statement holding every failed job of a big outage.
+    RETRY_BATCH = 500
 
     def _configure(
         self,
@@ -333,6 +336,8 @@ class QueueBase:
         retryable: bool = True,
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
+        concurrency_key: str | None = None,
+        concurrency: int | None = None,
     ) -> MakeOp:
         """One job.  ``retryable``: the driver may send it again after a lost reply.
 
@@ -343,6 +348,7 @@ class QueueBase:
         ``enqueue_keyed`` (migration 0017), which decides what a held key gets.
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
+        _check_concurrency(concurrency_key, concurrency)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         meta_text = _meta_text(task, meta)
         row: dict[str, Any] = {
@@ -353,6 +359,8 @@ class QueueBase:
             "max_attempts": max_attempts,
             "task": task,
             "meta": meta_text,
+            "concurrency_key": concurrency_key,
+            "concurrency": concurrency,
         }
         held = _ops.Reserved()
         spares = self._spare_ids
@@ -364,6 +372,9 @@ class QueueBase:
                     self._stmts, **row, reserved=held, spares=spares, retry=after
                 )
             return lambda _after: _ops.enqueue(self._stmts, **row)
+        if concurrency_key is not None:
+            raise ValueError(_KEYS_TOGETHER)
+        del row["concurrency_key"], row["concurrency"]
         _check_key(idempotency_key)
         seconds = check_unique(unique_for, on_conflict)
         payloads = [row.pop("payload")]
@@ -396,9 +407,27 @@ class QueueBase:
         meta: Mapping[str, Any] | None = None,
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
+        concurrency_key: str | Sequence[str | None] | None = None,
+        concurrency: int | None = None,
     ) -> MakeOp:
-        """Many jobs; the ids reserved by the first attempt are kept for the retries."""
+        """Many jobs; the ids reserved by the first attempt are kept for the retries.
+
+        ``concurrency_key``: one key for every job, or one (or None) per job.
+        """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
+        ckeys: list[str | None] | None
+        if concurrency_key is None or isinstance(concurrency_key, str):
+            _check_concurrency(concurrency_key, concurrency)
+            ckeys = None if concurrency_key is None else [concurrency_key] * len(payloads)
+        else:
+            ckeys = list(concurrency_key)
+            if len(ckeys) != len(payloads):
+                raise ValueError(f"{len(payloads)} payloads but {len(ckeys)} concurrency keys")
+            for ck in ckeys:
+                if ck is not None:
+                    _check_concurrency(ck, concurrency)
+        if ckeys is not None and idempotency_keys is not None:
+            raise ValueError(_KEYS_TOGETHER)
         self._spare_ids.clear()  # ids follow the enqueues: a later one takes newer ids
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
@@ -434,6 +463,8 @@ class QueueBase:
             retry=after,
             unique_for=seconds,
             on_conflict=on_conflict,
+            concurrency_keys=ckeys,
+            concurrency=concurrency,
         )
 
     def _graph_op(
@@ -650,6 +681,53 @@ class QueueBase:
         _check_job_id(job_id)
         return lambda _after: _control.requeue(self._stmts, job_id)
 
+    def _find_jobs_op(
+        self,
+        status: str | Sequence[str] | None,
+        queue: str | None,
+        task: str | None,
+        since: datetime | timedelta | None,
+        error: str | None,
+        limit: int,
+        before_id: int | None,
+    ) -> MakeOp:
+        if isinstance(status, str):
+            status = [status]
+        if status is not None:
+            for s in status:
+                _check_status(s)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"limit must be an integer from 1 to 10000, not {limit!r}")
+        if before_id is not None:
+            _check_job_id(before_id)
+        if error is not None and (not isinstance(error, str) or not error or "\x00" in error):
+            raise ValueError(f"error must be a non-empty string without NUL, not {error!r}")
+        params = {
+            **_filters(queue, task, since),
+            "statuses": None if status is None else list(status),
+            "error": error,
+            "limit": limit,
+            "before": before_id,
+        }
+        return lambda _after: _control.find_jobs(self._stmts, params)
+
+    def _retry_jobs_op(self, job_ids: Sequence[int]) -> MakeOp:
+        if isinstance(job_ids, int | str):
+            raise ValueError(f"job ids must be a sequence of ids, not {job_ids!r}")
+        ids = list(job_ids)
+        for job_id in ids:
+            _check_job_id(job_id)
+        progress = _control.RetryProgress()
+        return lambda _after: _control.retry_jobs(self._stmts, ids, progress)
+
+    def _retry_failed_op(
+        self, queue: str | None, task: str | None, since: datetime | timedelta | None
+    ) -> MakeOp:
+        filters = _filters(queue, task, since)
+        progress = _control.RetryProgress()
+        batch = self.RETRY_BATCH
+        return lambda _after: _control.retry_failed(self._stmts, filters, progress, batch)
+
     def _delete_op(self, job_id: int) -> MakeOp:
         _check_job_id(job_id)
         return lambda _after: _control.delete(self._stmts, job_id)
@@ -760,7 +838,29 @@ def _check_enqueue_options(
     validate_queue(queue)
     _check_attempts(max_attempts)
     _check_priority(priority)
-    _check_run_at(run_at)
+    check_run_at(run_at)
+
+
+# Not yet: the unique-key path (migration 0017) inserts through statements of its own.
+_KEYS_TOGETHER = "concurrency_key cannot be combined with an idempotency key (not built yet)"
+
+
+def _check_concurrency(key: str | None, concurrency: int | None) -> None:
+    """A concurrency key and its limit come together (migration 0018)."""
+    if key is None:
+        if concurrency is not None:
+            raise ValueError("concurrency needs a concurrency_key to count jobs by")
+        return
+    if not isinstance(key, str) or not key or len(key) > 500 or "\x00" in key:
+        raise ValueError(
+            f"concurrency_key must be a non-empty string of at most 500 characters, "
+            f"without NUL, not {key!r:.40}"
+        )
+    if type(concurrency) is not int or not 1 <= concurrency <= _INT4_MAX:
+        raise ValueError(
+            f"concurrency (jobs of one key running at once) must be an integer from 1 to "
+            f"{_INT4_MAX}, not {concurrency!r:.40}"
+        )
 
 
 def _check_attempts(max_attempts: int) -> None:
@@ -779,9 +879,53 @@ def _check_priority(priority: int) -> None:
         )
 
 
-def _check_run_at(run_at: datetime | None) -> None:
-    if run_at is not None and not isinstance(run_at, datetime):
+def check_run_at(run_at: datetime | None) -> None:
+    """ValueError for a run_at that is not an aware datetime (or None).
+
+    A naive datetime is refused, not read as UTC or as local time: either guess is
+    hours off for someone, and the job would run at once or hours late.
+    """
+    if run_at is None:
+        return
+    if not isinstance(run_at, datetime):
         raise ValueError(f"run_at must be a datetime or None, not {run_at!r:.40}")
+    if run_at.tzinfo is None or run_at.utcoffset() is None:
+        raise ValueError(
+            f"run_at {run_at.isoformat()} has no timezone; pass an aware datetime, "
+            "such as datetime.now(UTC) + timedelta(hours=1) or dt.replace(tzinfo=...)"
+        )
+
+
+def _check_status(status: str) -> None:
+    if status not in _control.STATUSES:
+        raise ValueError(
+            f"unknown status {status!r}; one of {', '.join(sorted(_control.STATUSES))}"
+        )
+
+
+def _filters(
+    queue: str | None, task: str | None, since: datetime | timedelta | None
+) -> dict[str, Any]:
+    """The queue, task and since filters of find_jobs and retry_failed, checked."""
+    if queue is not None:
+        validate_queue(queue)
+    if task is not None:
+        check_task_name(task)
+    if isinstance(since, timedelta):
+        if since < timedelta(0):
+            raise ValueError(f"since must not be a negative timedelta, not {since!r}")
+        # From this machine's clock, as a delay is: close enough for "the last hour".
+        since_param: Any = datetime.now(UTC) - since
+    elif since is None or isinstance(since, datetime):
+        if since is not None and (since.tzinfo is None or since.utcoffset() is None):
+            raise ValueError(
+                f"since {since.isoformat()} has no timezone; pass an aware datetime "
+                "or a timedelta (that long ago)"
+            )
+        since_param = since
+    else:
+        raise ValueError(f"since must be a datetime, a timedelta or None, not {since!r:.40}")
+    return {"queue": queue, "task": task, "since": since_param}
 
 
 def _check_lease(lease: float) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any
 
 from ._errors import (
@@ -28,14 +29,21 @@ from ._sql import Statements
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
     "Encoded",
+    "JobInfo",
     "QueueConfig",
+    "RetryProgress",
+    "RetryReport",
     "cancel",
     "check_limits",
     "configure",
     "delete",
     "encode_result",
+    "error_line",
+    "find_jobs",
     "queue_configs",
     "requeue",
+    "retry_failed",
+    "retry_jobs",
     "set_paused",
     "settle",
     "watch",
@@ -43,7 +51,8 @@ __all__ = [
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 1024
 FINAL = frozenset({"done", "failed", "cancelled"})
-STATUSES = frozenset({"pending", "running", "waiting", *FINAL})
+# throttled: waiting for a slot of its concurrency key (migration 0018).
+STATUSES = frozenset({"pending", "running", "waiting", "throttled", *FINAL})
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,3 +259,162 @@ def delete(stmts: Statements, job_id: int) -> Op[None]:
         if rows[0]["status"] == "running":
             break
     raise JobStateError(f"job {job_id} is running; cancel it before deleting it")
+
+
+def error_line(error: str | None) -> str | None:
+    """The one line of a job's ``last_error`` that says what went wrong.
+
+    For a traceback that is the exception line after the last frame ("ValueError: bad
+    invoice"), not a ``File ...`` line and not the last line, which may be the second
+    line of a multi-line message or a note; the frames of an exception group carry a
+    ``|`` margin, which is taken off.  For a text that does not open with a traceback (a
+    ``Fail`` or ``Retry`` reason, a timeout, a lost lease) its first line.  At most 300
+    characters.
+    """
+    if not error or not error.strip():
+        return None
+    lines = [line.rstrip() for line in error.splitlines() if line.strip()]
+    first = lines[0]
+    # A traceback opens with its header; one trimmed to its tail (_handlers keeps the
+    # last 8,000 characters) with "..."; an exception group's with an indented "+".
+    if not first.startswith(("Traceback (most recent call last)", "...", " ")):
+        return _clip(first.strip())
+    frames = [i for i, line in enumerate(lines) if line.lstrip(" |").startswith('File "')]
+    if frames:
+        frame = lines[frames[-1]]
+        margin = frame[: len(frame) - len(frame.lstrip(" |"))]
+        # The frame's own indentation is two spaces past the margin; its source line and
+        # caret markers are indented further, the exception line is not.
+        margin = margin[:-2] if margin.endswith("  ") else margin
+        after = lines[frames[-1] + 1 :]
+    else:
+        # Trimmed inside the last frame line: the exception line is the first one at
+        # the margin after the frame's indented source line.
+        indented = [i for i, line in enumerate(lines) if line.startswith(" ")]
+        margin, after = "", lines[indented[-1] + 1 :] if indented else lines[-1:]
+    for line in after:
+        rest = line[len(margin) :] if line.startswith(margin) else line
+        if not rest.startswith(" "):
+            return _clip(rest.strip())
+    return _clip(lines[-1].strip())
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One job as ``Queue.find_jobs`` lists it: its state, without payload or result.
+
+    ``last_error`` is the whole text the last failed attempt left (a traceback, or a
+    reason); ``error`` is its one telling line (see ``error_line``).  ``task`` is None
+    for a job of the handler-per-queue API.
+    """
+
+    id: int
+    queue: str
+    task: str | None
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    worker: str | None
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancel_requested: bool
+    last_error: str | None
+
+    @property
+    def error(self) -> str | None:
+        """The exception line of ``last_error`` ("ValueError: bad"), or None."""
+        return error_line(self.last_error)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> JobInfo:
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True, slots=True)
+class RetryReport:
+    """What a retry did: the jobs put back to pending, and those refused, with why.
+
+    ``refused`` maps a job id to one line that starts with the job's status (or
+    ``unknown``), as in ``"running: cancel it first, or let its attempt end"``.
+    """
+
+    retried: tuple[int, ...] = ()
+    refused: dict[int, str] = field(default_factory=dict)
+
+
+# Why a job was not retried, by the status the retry found it in.
+_REFUSALS = {
+    "pending": "pending: it has not failed; it runs when due",
+    "running": "running: cancel it first, or let its attempt end",
+    "done": "done: it succeeded; enqueue a new job to run it again",
+    None: "unknown: no job with this id",
+}
+
+
+@dataclass(slots=True)
+class RetryProgress:
+    """A retry's progress so far.  The driver runs an operation again from the start
+    after a transient error (a serialization failure, a dropped connection); what an
+    earlier run already committed must then be reported, not retried or refused anew."""
+
+    retried: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    # retry_failed's ids, read once: a job retried by this call that fails again before
+    # the call ends is not taken again (a loop could otherwise chase a job that fails
+    # at once, for as long as a worker keeps failing it).
+    todo: list[int] | None = None
+
+    def report(self) -> RetryReport:
+        return RetryReport(tuple(self.retried), dict(self.refused))
+
+
+def find_jobs(stmts: Statements, params: Mapping[str, Any]) -> Op[list[JobInfo]]:
+    rows = yield Execute(stmts.find_jobs, params)
+    return [JobInfo.from_row(r) for r in rows]
+
+
+def _retry_ids(stmts: Statements, ids: Sequence[int], progress: RetryProgress) -> Op[None]:
+    """Retry ``ids`` (failed or cancelled jobs), recording each outcome in ``progress``."""
+    handled = set(progress.retried) | set(progress.refused)
+    todo = sorted({i for i in ids if i not in handled})
+    for _ in range(MOVE_RETRIES):
+        if not todo:
+            return
+        rows = yield Execute(stmts.retry_jobs, {"ids": todo, "schema": stmts.schema})
+        moved: list[int] = []
+        for row in rows:
+            job_id, status = int(row["id"]), row["status"]
+            if row["retried"]:
+                progress.retried.append(job_id)
+            elif status in ("failed", "cancelled"):
+                moved.append(job_id)  # moved by another statement meanwhile: ask again
+            else:
+                progress.refused[job_id] = _REFUSALS.get(status, f"{status}: not retried")
+        todo = moved
+    for job_id in todo:
+        progress.refused[job_id] = "moving: the job kept moving between partitions; try again"
+
+
+def retry_jobs(stmts: Statements, ids: Sequence[int], progress: RetryProgress) -> Op[RetryReport]:
+    """Retry the failed or cancelled jobs among ``ids``; refuse the others, each with why."""
+    yield from _retry_ids(stmts, ids, progress)
+    return progress.report()
+
+
+def retry_failed(
+    stmts: Statements, filters: Mapping[str, Any], progress: RetryProgress, batch: int = 500
+) -> Op[RetryReport]:
+    """Retry every failed job matching ``filters`` (queue, task, since), ``batch`` at a time."""
+    if progress.todo is None:
+        rows = yield Execute(stmts.failed_ids, filters)
+        progress.todo = [int(r["id"]) for r in rows]
+    for start in range(0, len(progress.todo), batch):
+        yield from _retry_ids(stmts, progress.todo[start : start + batch], progress)
+    return progress.report()

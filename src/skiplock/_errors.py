@@ -127,7 +127,9 @@ class JobCancelled(SkiplockError):
 class Retry(Exception):
     """Raise from a handler to ask for another attempt after ``delay`` seconds.
 
-    The attempt counts; a job with no attempts left ends ``failed``.
+    The attempt counts; a job with no attempts left ends ``failed``.  ``raise Retry(5)
+    from exc`` (or a Retry raised while handling ``exc``) keeps ``exc`` in the job's
+    ``last_error``: "retry requested: ValueError: boom", then its traceback.
     """
 
     def __init__(self, delay: float = 0.0, reason: str | None = None) -> None:

@@ -48,6 +48,7 @@ class Outcome:
     error: str | None = None
     delay: float | None = None  # None: the retry policy decides
     result: Encoded | None = None  # the return value, encoded in the handler's thread
+    requested: bool = False  # the handler raised Retry: logged at INFO, not as a failure
 
 
 OK = Outcome("ok")
@@ -91,7 +92,7 @@ def ok_outcome(job: Job, value: Any, max_result_bytes: int) -> Outcome:
 def failed_outcome(exc: BaseException, job: Job, timeout: float | None) -> Outcome:
     """Classify a handler's exception: Retry, Fail, a timeout, a cancel, anything else."""
     if isinstance(exc, Retry):
-        return Outcome("retry", _trim(exc.reason or "retry requested by handler"), exc.delay)
+        return Outcome("retry", retry_reason(exc), exc.delay, requested=True)
     if isinstance(exc, Fail):
         return Outcome("fail", _trim(str(exc) or "failed by handler"))
     if isinstance(exc, asyncio.CancelledError) and job.cancelled:
@@ -129,6 +130,21 @@ async def contained(handler: Handler, job: Job) -> Any:
         return await handler(job)
     except (SystemExit, KeyboardInterrupt) as exc:
         raise HandlerExit(exc) from exc
+
+
+def retry_reason(exc: Retry) -> str:
+    """A Retry's text for ``last_error``: its reason, and the exception it came from.
+
+    ``raise Retry(5) from exc`` (or a Retry raised while handling ``exc``) gives
+    "retry requested: ValueError: boom", then that exception's traceback; without one,
+    the reason alone ("retry requested by handler" when none was given).
+    """
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is None:
+        return _trim(exc.reason or "retry requested by handler")
+    only = "".join(traceback.format_exception_only(cause)).strip().splitlines()
+    head = f"{exc.reason or 'retry requested'}: {only[0] if only else type(cause).__name__}"
+    return f"{head}\n{_trim(''.join(traceback.format_exception(cause)))}"
 
 
 async def run_coroutine(handler: Handler, job: Job, timeout: float | None) -> Any:

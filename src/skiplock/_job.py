@@ -17,7 +17,7 @@ from psycopg.types.json import JsonbLoader
 
 __all__ = ["Attempt", "ClaimedRow", "Job", "JobStatus", "claimed_rows", "skiplock_adapters"]
 
-JobStatus = str  # 'pending' | 'running' | 'done' | 'failed' | 'cancelled'
+JobStatus = str  # 'pending' | 'running' | 'done' | 'failed' | 'cancelled' | 'throttled'
 Attempt = tuple[int, UUID | None]  # (job id, lease token): one claim of one job
 
 

@@ -117,6 +117,8 @@ def enqueue(
     max_attempts: int,
     task: str | None = None,
     meta: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency: int | None = None,
 ) -> Op[int]:
     """One unkeyed job in the caller's transaction (nothing is retried there)."""
     params = {
@@ -127,6 +129,8 @@ def enqueue(
         "max_attempts": max_attempts,
         "task": task,
         "meta": meta,
+        "concurrency_key": concurrency_key,
+        "concurrency": concurrency,
     }
     rows = yield Execute(stmts.enqueue_plain, params)
     return int(rows[0]["id"])
@@ -230,6 +234,8 @@ def enqueue_many(
     retry: bool = False,
     unique_for: float | None = None,
     on_conflict: str = "return",
+    concurrency_keys: Sequence[str | None] | None = None,
+    concurrency: int | None = None,
 ) -> Op[list[int]]:
     """Insert ``payloads`` with ids reserved first; see ``Reserved`` for the retry.
 
@@ -241,6 +247,8 @@ def enqueue_many(
         return []
     if keys is not None and len(keys) != n:
         raise ValueError(f"{n} payloads but {len(keys)} idempotency keys")
+    if concurrency_keys is not None and len(concurrency_keys) != n:
+        raise ValueError(f"{n} payloads but {len(concurrency_keys)} concurrency keys")
     held = reserved if reserved is not None else Reserved()
     if keys is not None and any(k is not None for k in keys):
         return (
@@ -270,7 +278,17 @@ def enqueue_many(
         ids = held.ids
         try:
             yield _copy_step(
-                stmts, ids, queue, payloads, priority, max_attempts, task, meta, run_at
+                stmts,
+                ids,
+                queue,
+                payloads,
+                priority,
+                max_attempts,
+                task,
+                meta,
+                run_at,
+                concurrency_keys,
+                concurrency,
             )
             return ids
         except pgerrors.UniqueViolation as exc:
@@ -388,6 +406,8 @@ def enqueue_one(
     reserved: Reserved,
     spares: list[tuple[int, float]],
     retry: bool = False,
+    concurrency_key: str | None = None,
+    concurrency: int | None = None,
 ) -> Op[int]:
     """One unkeyed job under a reserved id, in one round trip once ``spares`` has one.
 
@@ -418,6 +438,8 @@ def enqueue_one(
             "max_attempts": max_attempts,
             "task": task,
             "meta": meta,
+            "concurrency_key": concurrency_key,
+            "concurrency": concurrency,
             "schema": stmts.schema,
         }
         try:
@@ -477,7 +499,28 @@ def _copy_step(
     task: str | None,
     meta: str | None,
     run_at: datetime | None,
+    concurrency_keys: Sequence[str | None] | None = None,
+    concurrency: int | None = None,
 ) -> Copy:
+    if concurrency_keys is not None:
+        # Jobs with concurrency keys (migration 0018) have COPYs of their own, so that
+        # jobs without send what they always did.
+        limits = [None if k is None else concurrency for k in concurrency_keys]
+        if run_at is None:
+            return Copy(
+                stmts.copy_jobs_concurrency,
+                [
+                    (i, queue, p, priority, max_attempts, task, meta, k, c)
+                    for i, p, k, c in zip(ids, payloads, concurrency_keys, limits, strict=True)
+                ],
+            )
+        return Copy(
+            stmts.copy_jobs_concurrency_at,
+            [
+                (i, queue, p, priority, max_attempts, task, meta, k, c, run_at)
+                for i, p, k, c in zip(ids, payloads, concurrency_keys, limits, strict=True)
+            ],
+        )
     if run_at is None:
         return Copy(
             stmts.copy_jobs,

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import string
 import sys
 import threading
 import traceback
@@ -29,7 +30,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from . import _trace
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
-from ._base import _check_enqueue_options, check_task_name, check_unique
+from ._base import _check_enqueue_options, check_run_at, check_task_name, check_unique
 from ._canvas import Signature, Workflow, needs_parents, parent_arg, wait_workflow
 from ._config import RetryPolicy, validate_queue
 from ._errors import ConfigError, Fail, PayloadError, Retry, UnknownJob
@@ -131,6 +132,8 @@ class Task(Generic[R]):
         on_conflict: str = "return",
         localns: Mapping[str, Any] | None = None,
         soft_timeout: float | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency: int | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -180,6 +183,39 @@ class Task(Generic[R]):
             params.append(p)
         # The signature a deferral binds against: the function's, without its Job.
         self._signature = sig.replace(parameters=params)
+        if concurrency_key is not None and key is not None:
+            raise ConfigError(
+                f"task {name!r}: concurrency_key cannot be combined with key (not built yet)"
+            )
+        self.concurrency_key = concurrency_key
+        self.concurrency = concurrency
+        if concurrency_key is None:
+            if concurrency is not None:
+                raise ConfigError(f"task {name!r}: concurrency needs a concurrency_key")
+        elif isinstance(concurrency_key, str):
+            # Every field of the template must name an argument: a typo is caught here,
+            # not at the first deferral.
+            for _text, field, _spec, _conv in string.Formatter().parse(concurrency_key):
+                if field is None:
+                    continue
+                root = field.split(".", 1)[0].split("[", 1)[0]
+                if root not in self._signature.parameters:
+                    known = ", ".join(self._signature.parameters) or "no arguments"
+                    raise ConfigError(
+                        f"task {name!r}: concurrency_key {concurrency_key!r} names "
+                        f"{root!r}, not an argument (it takes {known})"
+                    )
+        elif not callable(concurrency_key):
+            raise ConfigError(
+                f"task {name!r}: concurrency_key must be a format string or a callable, "
+                f"not {concurrency_key!r:.40}"
+            )
+        if concurrency_key is not None and (
+            type(concurrency) is not int or not 1 <= concurrency <= 2**31 - 1
+        ):
+            raise ConfigError(
+                f"task {name!r}: concurrency must be a positive integer, not {concurrency!r:.40}"
+            )
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue!r}>"
@@ -263,6 +299,31 @@ class Task(Generic[R]):
             raise PayloadError(f"{self.name}.defer(): arguments: {exc}") from None
         return out
 
+    def key_of(self, payload: Mapping[str, Any]) -> str | None:
+        """The concurrency key of a job with this ``payload`` (``encode``'s), or None.
+
+        The template is formatted, or the callable called, with the call's arguments by
+        name, the function's defaults filled in.
+        """
+        ck = self.concurrency_key
+        if ck is None:
+            return None
+        named = dict(payload)
+        for pname, p in self._signature.parameters.items():
+            if pname not in named and p.default is not inspect.Parameter.empty:
+                named[pname] = p.default
+        try:
+            key = ck.format(**named) if isinstance(ck, str) else ck(**named)
+        except Exception as exc:
+            raise ConfigError(
+                f"{self.name}.defer(): concurrency_key failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(key, str) or not key:
+            raise ConfigError(
+                f"{self.name}.defer(): concurrency_key gave {key!r:.40}, not a non-empty string"
+            )
+        return key
+
     def key_for(self, payload: Mapping[str, Any]) -> str | None:
         """The task's key for a call (its arguments, as ``encode`` made them), or None
         if the task has no ``key``: a format template over the arguments, or a callable
@@ -306,6 +367,10 @@ class Task(Generic[R]):
         """
         if delay is not None and run_at is not None:
             raise ConfigError("give delay or run_at, not both")
+        try:
+            check_run_at(run_at)  # here, not at defer: the line that set it is the one to fix
+        except ValueError as exc:
+            raise ValueError(f"{self.name}.configure(): {exc}") from None
         if delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
             if not seconds >= 0:
@@ -476,6 +541,9 @@ class Deferral:
         payload = self.task.encode(args, kwargs)
         key = self.key if self.key is not None else self.task.key_for(payload)
         options = self._options() if key is not None else self._unkeyed()
+        if self.task.concurrency_key is not None:
+            options["concurrency_key"] = self.task.key_of(payload)
+            options["concurrency"] = self.task.concurrency
         return payload, {**options, "idempotency_key": key}
 
     def _unkeyed(self) -> dict[str, Any]:
@@ -483,6 +551,13 @@ class Deferral:
         options.pop("unique_for", None)
         options.pop("on_conflict", None)
         return options
+
+    def _keyed(self, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The concurrency options of these jobs (none for a task without a key)."""
+        if self.task.concurrency_key is None:
+            return {}
+        keys = [self.task.key_of(p) for p in payloads]
+        return {"concurrency_key": keys, "concurrency": self.task.concurrency}
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
         payload, options = self._one(args, kwargs)
@@ -511,7 +586,7 @@ class Deferral:
                 raise type(exc)(f"call #{n}: {exc}") from None
             out.append(payload)
         if self.task.key is None:
-            return out, self._unkeyed()
+            return out, {**self._unkeyed(), **self._keyed(out)}
         return out, {**self._options(), "idempotency_keys": keys}
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -587,6 +662,8 @@ class App:
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
         soft_timeout: float | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency: int | None = None,
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -606,6 +683,8 @@ class App:
         unique_for: float | timedelta | None = None,
         on_conflict: str = "return",
         soft_timeout: float | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency: int | None = None,
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -626,7 +705,13 @@ class App:
         (``"charge:{customer_id}:{month}"``) or a callable given them by name;
         ``unique_for`` and ``on_conflict``: how long a key holds and what a conflict
         gets (docs/tasks.md, "Unique jobs").
+        ``concurrency_key`` (a format template over the arguments, ``"customer:{customer_id}"``,
+        or a callable taking them by name) with ``concurrency=N`` (default 1): at most N
+        jobs of one key run at once across all workers; the others wait unclaimed
+        (docs/workflows.md, "Per-key concurrency").  Not together with ``key`` (yet).
         """
+        if concurrency_key is not None and concurrency is None:
+            concurrency = 1
         validate_queue(queue)
         _check_enqueue_options(queue, priority, None, max_attempts)
         if timeout is not None and not timeout > 0:
@@ -678,6 +763,8 @@ class App:
                 on_conflict=on_conflict,
                 localns=localns,
                 soft_timeout=soft_timeout,
+                concurrency_key=concurrency_key,
+                concurrency=concurrency,
             )
             self.tasks[task_name] = t
             return t

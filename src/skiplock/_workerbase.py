@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 
 from ._base import MakeOp, QueueBase, QueueSettings, _clamp_delay
 from ._config import validate_queue
+from ._control import error_line
 from ._cursor import ClaimCursor, SweepCursor
 from ._errors import ConfigError, SkiplockError
 from ._handlers import CANCELLED, Handler, Outcome
@@ -91,25 +92,8 @@ def one_line(exc: BaseException) -> str:
 
 
 def error_summary(error: str | None) -> str | None:
-    """The line of a handler's error text a log line has room for.
-
-    For a traceback that is the exception line after the last frame ("ValueError: bad
-    invoice"), not the last line, which may be the second line of a multi-line message
-    or a note; for a plain reason (``Fail``, ``Retry``, a timeout) its first line.
-    """
-    if not error:
-        return None
-    lines = error.strip().splitlines()
-    frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
-    start = frames[-1] + 1 if frames else 0
-    # The frame's source line and caret markers are indented; the exception line is not.
-    while frames and start < len(lines) and lines[start].startswith(" "):
-        start += 1
-    for line in lines[start:]:
-        if line.strip():
-            text = line.strip()
-            return text if len(text) <= 300 else text[:297] + "..."
-    return None
+    """The line of a handler's error text a log line has room for (``error_line``)."""
+    return error_line(error)
 
 
 def _seconds(delay: float) -> str:
@@ -380,6 +364,8 @@ class WorkerBase:
         # Attempts this worker timed out, until their hand-back says how they ended: that
         # line then says "timed out" (one line per attempt, not one per step).
         self._timeouts: set[Attempt] = set()
+        # Attempts whose handler raised Retry: logged as asked for, not as a failure.
+        self._requested: set[Attempt] = set()
         # Attempts a heartbeat already logged as lost: their write, refused later by the
         # fence, must not log them again.  Written by two threads in Worker.
         self._lost_logged: dict[Attempt, None] = {}
@@ -830,6 +816,10 @@ class WorkerBase:
         that the log line of the retry can say when the job runs again.
         """
         policy = self._settings.retry_policy
+        requested = [job.attempt for job, o in batch if o.requested]
+        if requested:
+            with self._log_lock:
+                self._requested.update(requested)
         done = [(job, o.result) for job, o in batch if o.kind == "ok"]
         failed: list[tuple[Job, str | None, float | None, bool]] = [
             (
@@ -882,6 +872,8 @@ class WorkerBase:
             with self._log_lock:
                 timed_out = job.attempt in self._timeouts
                 self._timeouts.discard(job.attempt)
+                requested = job.attempt in self._requested
+                self._requested.discard(job.attempt)
             row = res.row(job)
             if row is None:
                 lost.append(job)
@@ -891,7 +883,7 @@ class WorkerBase:
             by_status[status] = by_status.get(status, 0) + 1
             event = {"pending": "retried", "failed": "failed"}.get(status, status)
             self._emit(event, job)
-            self._log_hand_back(job, event, error, delay, retry, timed_out)
+            self._log_hand_back(job, event, error, delay, retry, timed_out, requested)
         self.stats.add(
             retried=by_status["pending"],
             failed=by_status["failed"],
@@ -907,6 +899,7 @@ class WorkerBase:
         delay: float | None,
         retry: bool,
         timed_out: bool,
+        requested: bool = False,
     ) -> None:
         # The row's status after the fenced write decides, not the outcome we asked
         # for: the statement knows the attempts left and whether a cancel came first.
@@ -924,8 +917,18 @@ class WorkerBase:
             # 'retried'; or the row has moved on already (a retry after a lost reply
             # found our hand-back committed and the job claimed again): it runs again.
             when = f"retrying in {_seconds(delay)}" if delay is not None else "retrying"
+            if requested:
+                # The handler asked for it (Retry): news, not a failure.  Its reason,
+                # with the exception it was raised from, is the line's first part.
+                what = error_summary(error) or "retry requested"
             log_job(
-                self.name, logging.WARNING, event, job, f"{what}; {when}", error=error, delay=delay
+                self.name,
+                logging.INFO if requested else logging.WARNING,
+                event,
+                job,
+                f"{what}; {when}",
+                error=error,
+                delay=delay,
             )
 
     def released(self, jobs: Sequence[Job], res: FenceResult) -> None:

@@ -75,6 +75,22 @@ SUBCOMMANDS = [
     (["pool-cost", "1", "40", "20", "2"], "start of 2 handlers, process"),
     (["held-claims", "--fresh", "12", "--held", "12", "--rate", "50"], "claim p99 held / fresh"),
     (["workflows", "30", "5", "1"], "callback ran once"),
+    (
+        [
+            "keys",
+            "--keys",
+            "5",
+            "--per-key",
+            "4",
+            "--backlog",
+            "50",
+            "--overhead-n",
+            "200",
+            "--rounds",
+            "1",
+        ],
+        "most jobs of one key at once: 1 (limit 1)",
+    ),
 ]
 
 

@@ -132,6 +132,35 @@ def test_job_list_filters_and_pages(queue: Queue, client: TestClient) -> None:
     assert "RuntimeError: &lt;smtp&gt; down" in only_failed  # the error's last line
 
 
+def test_the_failed_list_shows_task_and_exception_line_and_filters_by_task(
+    queue: Queue, client: TestClient
+) -> None:
+    """Issue 38: the list showed no task, and the first 200 characters of a long
+    traceback ended on a 'File ...' line.  Now the task, and the exception line."""
+    frames = "".join(
+        f'  File "/srv/app/module_{n}.py", line {n}, in step_{n}\n    step_{n + 1}()\n'
+        for n in range(8)
+    )
+    trace = f"Traceback (most recent call last):\n{frames}ValueError: bad invoice 7\n"
+    ids = queue.enqueue_many([{}, {}], queue="billing", task="billing.send")
+    other = queue.enqueue({}, queue="billing", task="billing.refund")
+    jobs = queue.claim(worker="w", queue="billing", limit=3)
+    queue.fail_many([(j, trace, None, False) for j in jobs])
+    page = client.get("/jobs?status=failed").text
+    rows = dict(re.findall(r'<tr data-job="(\d+)">(.*?)</tr>', page, re.S))
+    assert sorted(map(int, rows)) == sorted([*ids, other])
+    for job_id in ids:
+        row = rows[str(job_id)]
+        assert ">billing.send</a>" in row
+        assert '<td class="error-head">ValueError: bad invoice 7</td>' in row
+        assert "File " not in row
+    only = client.get("/jobs?status=failed&task=billing.send").text
+    assert sorted(map(int, re.findall(r'<tr data-job="(\d+)">', only))) == sorted(ids)
+    assert 'name="task" value="billing.send"' in only
+    assert "No jobs match." in client.get("/jobs?task=nobody.knows").text
+    assert client.get("/jobs?task=" + "x" * 300).status_code == 400  # one line, not a 500
+
+
 # -- actions --------------------------------------------------------------------------------
 
 

@@ -253,6 +253,21 @@ def test_priority_queue_and_run_after_are_mapped(
     assert backend.get_result(email.id).task.queue_name == "emails"
 
 
+def test_a_naive_run_after_without_use_tz_is_read_in_time_zone(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """skiplock refuses a naive run_at; Django, with USE_TZ off, means TIME_ZONE by one.
+    The backend says so to skiplock, rather than fail the enqueue."""
+    from django.test import override_settings
+    from testproj.tasks import add
+
+    naive = datetime(2030, 1, 31, 9, 0)
+    with override_settings(USE_TZ=False, TIME_ZONE="America/New_York"):
+        deferred = add.using(run_after=naive).enqueue(0, 2)
+    rows = {str(j["id"]): j for j in jobs(admin, queue.schema)}
+    assert rows[deferred.id]["run_at"] == datetime(2030, 1, 31, 14, 0, tzinfo=UTC)
+
+
 def test_aenqueue_writes_the_job(
     backend: Any, queue: Queue, admin: psycopg.Connection[Any]
 ) -> None:

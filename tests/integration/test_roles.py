@@ -490,6 +490,27 @@ def test_cli_print_sql_needs_no_server_and_shows_no_password() -> None:
     )
 
 
+def test_keyed_jobs_run_under_the_least_privilege_roles(
+    pq: Queue, wq: Queue, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """Per-key concurrency (migration 0018) as the roles: the producer writes the key
+    and its limit, its insert's trigger admits one job; the worker's completion admits
+    the next (key_admit runs as the schema's owner, so neither role needs more)."""
+    first, second = (
+        pq.enqueue({"n": n}, concurrency_key="customer:1", concurrency=1) for n in range(2)
+    )
+    pq.enqueue_many([{"n": 2}], concurrency_key="customer:1", concurrency=1)
+    (job,) = wq.claim(worker="w", limit=5, lease=30)
+    assert job.id == first
+    wq.complete(job)
+    (job,) = wq.claim(worker="w", limit=5, lease=30)
+    assert job.id == second
+    rows = admin.execute(
+        sql.SQL("SELECT status, count(*) FROM {}.jobs GROUP BY status").format(ident(queue.schema))
+    ).fetchall()
+    assert dict(rows) == {"done": 1, "running": 1, "throttled": 1}
+
+
 def test_dependent_jobs_work_under_the_least_privilege_roles(
     pq: Queue, wq: Queue, queue: Queue, admin: psycopg.Connection[Any], roles: Roles
 ) -> None:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from skiplock import AsyncWorker, Job, Queue, RetryPolicy, Worker
+from skiplock import AsyncWorker, Job, Queue, Retry, RetryPolicy, Worker
 
 from .test_worker import wait_until
 
@@ -147,6 +147,48 @@ def test_a_raising_handler_logs_a_warning_per_retry_and_an_error_at_the_end(
     ]
     assert len(tracebacks) == 3 and all(r.levelno == logging.DEBUG for r in tracebacks)
     assert "Traceback (most recent call last)" in tracebacks[0].getMessage()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_deliberate_retry_logs_at_info_with_its_cause_and_keeps_it_in_last_error(
+    kind: str, fast: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``raise Retry(0) from exc`` is the handler's choice, not a failure: one INFO line
+    "retry requested: ValueError: boom" per attempt, and the cause, with its traceback,
+    in last_error, where it used to read "retry requested by handler"."""
+
+    def handler(job: Job) -> None:
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            raise Retry(0.05) from exc
+
+    async def ahandler(job: Job) -> None:
+        handler(job)
+
+    job_id = fast.enqueue({}, queue="emails", max_attempts=2)
+    caplog.set_level(logging.INFO, logger="skiplock.worker")
+    with running(kind, fast, handler, ahandler, queues=["emails"]):
+        wait_until(lambda: status(fast, job_id) == "failed", what="the final failure")
+        wait_until(
+            lambda: len([r for r in caplog.records if getattr(r, "job_id", None) == job_id]) >= 2,
+            what="both lines",
+        )
+    got = [r for r in caplog.records if getattr(r, "job_id", None) == job_id]
+    assert [at(r, "levelname", "event", "attempt") for r in got] == [
+        ("INFO", "retried", 1),
+        ("ERROR", "failed", 2),
+    ]
+    assert all(r.error == "retry requested: ValueError: boom" for r in got)  # type: ignore[attr-defined]
+    assert "attempt 1/2 retry requested: ValueError: boom; retrying in 0.05s" in got[0].getMessage()
+    assert "failed" not in got[0].getMessage()
+    job = fast.get(job_id)
+    assert job is not None and job.last_error is not None
+    first, rest = job.last_error.split("\n", 1)
+    assert first == "retry requested: ValueError: boom"
+    assert (
+        rest.startswith("Traceback (most recent call last)") and 'raise ValueError("boom")' in rest
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -149,6 +149,24 @@ def test_a_timed_out_attempt_an_outage_kept_from_its_write_reran_as_allowed() ->
     assert res.causes() == {"unwritten": 1}
 
 
+def test_a_write_refused_after_an_outage_let_the_lease_run_out_is_an_allowed_rerun() -> None:
+    """The 600-second run's maxconn cases: the worker's completion reached the server
+    only after its lease had run out (its connections cut), and was refused."""
+    recs = enq(0, "x") + run("x", "a", 1, pid=7, end="") + [fault(1.5, "maxconn")]
+    recs += [*run("x", "b", 4, pid=8, att=2), ev(4.5, "lease_lost", "x", "a", pid=7)]
+    res = check(recs, [row("x", tok="b")])
+    assert res.valid, res.problems
+    assert res.causes() == {"unwritten": 1}
+
+
+def test_a_refused_write_with_no_outage_to_explain_it_is_still_invalid() -> None:
+    recs = enq(0, "x") + run("x", "a", 1, pid=7, end="")
+    recs += [*run("x", "b", 4, pid=8, att=2), ev(4.5, "lease_lost", "x", "a", pid=7)]
+    res = check(recs, [row("x", tok="b")])
+    assert not res.valid
+    assert res.causes() == {"none": 1}
+
+
 def test_a_timed_out_attempt_rerun_with_no_outage_is_still_invalid() -> None:
     recs = enq(0, "x") + run("x", "a", 1, pid=7, end="timed_out")
     recs += run("x", "b", 4, pid=8, att=2)

@@ -26,6 +26,8 @@ PRODUCER = {
     "reserve_ids",
     "copy_jobs",
     "copy_jobs_at",
+    "copy_jobs_concurrency",
+    "copy_jobs_concurrency_at",
     "watch",
     "job_state",
     # jobs with `after` (migration 0016), a SECURITY DEFINER function
@@ -68,6 +70,9 @@ OWNER = {
     "list_jobs",
     "requeue",
     "delete_job",
+    "find_jobs",
+    "failed_ids",
+    "retry_jobs",
     "throughput",
 }
 

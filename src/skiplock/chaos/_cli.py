@@ -94,6 +94,24 @@ def render(j: dict[str, Any]) -> None:
         ("leases lapsed unreached (workers' count)", j["worker_stats"].get("leases_lapsed", "-")),
         ("worker reconnects", j["worker_stats"].get("reconnects", "-")),
     ]
+    wf = j.get("workflows")
+    if wf:
+        shapes = ", ".join(f"{k} {n}" for k, n in wf["shapes"].items())
+        rows += [
+            ("workflows (committed)", f"{wf['workflows']}: {shapes or '-'}"),
+            ("  steps / done / runs", f"{wf['steps']} / {wf['steps_done']} / {wf['step_runs']}"),
+            ("  children / releases logged", f"{wf['children']} / {_fmt(wf['releases'])}"),
+            ("  steps cancelled below a failed one", j["cancelled_as_expected"]),
+            (
+                "  step re-runs explained / unexplained",
+                f"{wf['reruns_explained']} / {wf['reruns_unexplained']}",
+            ),
+            ("  started before a parent completed", wf["early_starts"]),
+            ("  released before a parent completed", wf["early_releases"]),
+            ("  least margin, parent done -> child start (s)", wf["min_start_margin"]),
+            ("  stranded waiting", wf["stranded_waiting"]),
+            ("  released other than once", wf["release_mismatches"]),
+        ]
     for phase in ("before", "during", "after", "drain"):
         if phase in j["throughput"]:
             secs = j["phases"].get(phase)
@@ -177,6 +195,21 @@ def _triple(j: dict[str, Any]) -> str:
     type=float,
     help="Restart the server exactly this often (seconds) instead of at random.",
 )
+@click.option(
+    "--workflows",
+    is_flag=True,
+    help="Producers also write small workflows (a chain of 3, a diamond, a chord of 5, "
+    "now and then a chain whose head fails) through after=, and the checker holds "
+    "every step to its parents: none started before they completed, none stranded "
+    "waiting, each released once.",
+)
+@click.option(
+    "--workflow-rate",
+    default=None,
+    type=float,
+    help="Workflows written per second, all producers together (implies --workflows; "
+    "default: --rate / 20).",
+)
 @click.option("--seed", default=None, type=int, help="Seed for the fault schedule.")
 @click.option(
     "--keep-history",
@@ -200,6 +233,8 @@ def chaos(
     async_workers: bool,
     sync_replication: bool,
     restart_every: float | None,
+    workflows: bool,
+    workflow_rate: float | None,
     seed: int | None,
     keep_history: str | None,
     dsn: str | None,
@@ -227,6 +262,9 @@ def chaos(
         sync_replication=sync_replication,
         fuse_claims=fuse_claims,
         async_workers=async_workers,
+        # A rate of workflows asks for them.
+        workflows=workflows or workflow_rate is not None,
+        workflow_rate=workflow_rate,
     )
 
     def progress(msg: str) -> None:

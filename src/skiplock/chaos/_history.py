@@ -12,6 +12,17 @@ loses at most the line being written.
 The checker reads all of it plus a final read of the jobs table (the drain), which is
 authoritative for what the database holds: a worker killed between the commit of its
 completion and the history line still shows up, as an unlogged completion.
+
+Workflows: a producer that writes a small DAG in one transaction records, on its
+enqueue line, the workflow's id, its shape and its edges (parent value, child value).
+The checker then holds every child to the dependency contract: no attempt of it
+started before each parent's completion committed (the row's ``finished`` time, taken
+in that transaction, so earlier than any claim it made possible; this compares the
+server's clock with the workers', one host in a chaos run), none released before a
+parent's completion (both on the server's clock), none stranded
+``waiting`` once its parents finished, and, when the run logged the releases (a
+trigger on waiting -> pending), each child released once if its parents all completed
+and never if one of them failed.
 """
 
 from __future__ import annotations
@@ -177,6 +188,33 @@ class CheckResult:
     worker_stats: dict[str, int] = field(default_factory=dict)
     lease_lost_rejections: int = 0
     lease_lost_violations: list[dict[str, Any]] = field(default_factory=list)
+    # Jobs expected to end cancelled (a workflow step below a failing one) that did.
+    cancelled_as_expected: int = 0
+    # Workflows that committed, by shape; their steps, the runs of those steps, and the
+    # steps that end done.
+    workflows: int = 0
+    workflow_shapes: dict[str, int] = field(default_factory=dict)
+    workflow_steps: int = 0
+    workflow_step_runs: int = 0
+    workflow_steps_done: int = 0
+    # Steps with parents; releases logged for them (None: the run logged none).
+    workflow_children: int = 0
+    workflow_releases: int | None = None
+    # Re-runs of workflow steps: explained by an allowed cause, or not.
+    workflow_reruns_explained: int = 0
+    workflow_reruns_unexplained: int = 0
+    # Child starts whose parent's completion a crash took back (asynchronous commit).
+    workflow_starts_taken_back: int = 0
+    # The smallest margin seen between a parent's completion (its transaction's start)
+    # and a child's start: how tight the early-start check was in this run.
+    workflow_min_start_margin: float | None = None
+    # A child attempt that started before a parent's completion (or with the parent
+    # never completed); a child still waiting with every parent finished; a child
+    # released other than once (or released although a parent failed).
+    early_starts: list[dict[str, Any]] = field(default_factory=list)
+    stranded_waiting: list[dict[str, Any]] = field(default_factory=list)
+    early_releases: list[dict[str, Any]] = field(default_factory=list)
+    release_mismatches: list[dict[str, Any]] = field(default_factory=list)
     kills: int = 0
     pauses: int = 0
     recovery_seconds: list[float | None] = field(default_factory=list)
@@ -335,6 +373,8 @@ def check(
             res.completed += 1
         elif want == "failed" and "failed" in kinds:
             res.failed_as_expected += 1
+        elif want == "cancelled" and rows.get(v, {}).get("status") == "cancelled":
+            res.cancelled_as_expected += 1
         else:
             row = rows.get(v, {})
             res.lost.append(
@@ -364,6 +404,11 @@ def check(
             back = _back(f)
             res.back_to_enqueue.append(min((t - back for t in produced if t >= back), default=None))
 
+    if enq["workflows"]:
+        committed = acked | set(res.recovered) | set(rows)
+        lossy = crashes if crash_loses_commits else []
+        _check_workflows(res, enq["workflows"], committed, by_value, rows, completions, lossy)
+
     for v, tok in lease_lost:
         # A rejected write must change nothing: the attempt that was told "lease lost"
         # cannot also be the one whose completion the database holds.
@@ -372,6 +417,123 @@ def check(
 
     _verdict(res)
     return res
+
+
+_FINAL = frozenset({"done", "failed", "cancelled"})
+
+
+def _check_workflows(
+    res: CheckResult,
+    workflows: dict[str, dict[str, Any]],
+    committed: set[str],
+    by_value: dict[str, list[_Attempt]],
+    rows: dict[str, Mapping[str, Any]],
+    completions: dict[str, list[tuple[str, str, float | None]]],
+    lossy: list[tuple[float, float]],
+) -> None:
+    """Hold every committed workflow's children to the dependency contract.
+
+    ``lossy``: the crashes (down, back) that could take back acknowledged commits.  A
+    child started before one of them may have had its parent's completion (and its own
+    release and claim, later in the WAL) taken back, the parent then completing again
+    later: that start is counted apart, not as early.
+    """
+    shapes: Counter[str] = Counter()
+    steps: set[str] = set()
+    for wf_id, wf in sorted(workflows.items()):
+        values: list[str] = wf["values"]
+        # Written in one transaction: any step seen acknowledged or in the table means
+        # the whole graph committed; none seen means none of it did.
+        if not any(v in committed for v in values):
+            continue
+        res.workflows += 1
+        shapes[wf["shape"]] += 1
+        parents_of: dict[str, list[str]] = defaultdict(list)
+        for p, c in wf["edges"]:
+            parents_of[c].append(p)
+        for v in values:
+            steps.add(v)
+            res.workflow_steps += 1
+            row = rows.get(v, {})
+            starts = sorted(a.start_t for a in by_value.get(v, []) if a.start_t is not None)
+            res.workflow_step_runs += len(starts)
+            if row.get("status") == "done":
+                res.workflow_steps_done += 1
+            parents = parents_of.get(v)
+            if not parents:
+                continue
+            res.workflow_children += 1
+            statuses = {p: rows.get(p, {}).get("status") for p in parents}
+            if row.get("status") == "waiting" and all(s in _FINAL for s in statuses.values()):
+                res.stranded_waiting.append(
+                    {"workflow": wf_id, "value": v, "id": row.get("id"), "parents": statuses}
+                )
+            releases = row.get("releases")
+            if releases is not None:
+                # Both times on the server's clock: a release before a parent's
+                # completion began is early whatever the hosts' clocks say.
+                for p in parents:
+                    finished = rows.get(p, {}).get("finished")
+                    for at in releases:
+                        if finished is not None and float(at) < float(finished):
+                            res.early_releases.append(
+                                {"workflow": wf_id, "value": v, "parent": p, "released": at}
+                            )
+                n = len(releases)
+                res.workflow_releases = (res.workflow_releases or 0) + n
+                # Released once when every parent completed; never when one did not (the
+                # child is cancelled, or still waits for a parent the drain left behind).
+                want = 1 if all(s == "done" for s in statuses.values()) else 0
+                if n != want:
+                    res.release_mismatches.append(
+                        {"workflow": wf_id, "value": v, "releases": n, "parents": statuses}
+                    )
+            for p in parents:
+                done_t = _done_time(rows.get(p, {}), completions[p])
+                for started in starts:
+                    if done_t is not None and started >= done_t:
+                        margin = started - done_t
+                        best = res.workflow_min_start_margin
+                        res.workflow_min_start_margin = (
+                            margin if best is None else min(best, margin)
+                        )
+                        continue
+                    if done_t is not None and any(
+                        started <= up and down <= done_t for down, up in lossy
+                    ):
+                        res.workflow_starts_taken_back += 1
+                        continue
+                    res.early_starts.append(
+                        {
+                            "workflow": wf_id,
+                            "value": v,
+                            "parent": p,
+                            "started": started,
+                            "parent_done": done_t,
+                        }
+                    )
+    res.workflow_shapes = dict(sorted(shapes.items()))
+    for d in res.duplicated_executions:
+        if d.value in steps:
+            if d.allowed:
+                res.workflow_reruns_explained += 1
+            else:
+                res.workflow_reruns_unexplained += 1
+
+
+def _done_time(
+    row: Mapping[str, Any], finishes: list[tuple[str, str, float | None]]
+) -> float | None:
+    """When the parent's completion committed, at the latest: the row's ``finished``
+    (the completing transaction's start), else the first completion a worker logged
+    (written after the commit, so later than it: it can only make a child look early).
+    None: the parent never completed."""
+    if row.get("status") not in (None, "done"):
+        return None
+    if row.get("finished") is not None:
+        return float(row["finished"])
+    logged = [t for _, kind, t in finishes if kind == "completed" and t is not None]
+    return min(logged, default=None)
 
 
 def _taken_back(
@@ -402,6 +564,7 @@ def _enqueues(recs: list[Record]) -> dict[str, Any]:
         "info": set(),
         "fail": set(),
         "expected": {},
+        "workflows": {},
     }
     for r in recs:
         if r.get("ev") != "enqueue":
@@ -410,8 +573,16 @@ def _enqueues(recs: list[Record]) -> dict[str, Any]:
         phase = r.get("ph")
         if phase == "invoke":
             out["invoked"].update(values)
+            # A workflow's steps may end differently (below a failing step: cancelled).
+            expects = r.get("expects") or {}
             for v in values:
-                out["expected"][v] = str(r.get("expect", "done"))
+                out["expected"][v] = str(expects.get(v, r.get("expect", "done")))
+            if r.get("wf") is not None:
+                out["workflows"][str(r["wf"])] = {
+                    "shape": str(r.get("shape", "?")),
+                    "values": values,
+                    "edges": [(str(p), str(c)) for p, c in r.get("edges") or ()],
+                }
         elif phase in ("ok", "info", "fail"):
             out[phase].update(values)
     return out
@@ -462,13 +633,18 @@ def _cause(prev: _Attempt, before: float, faults: list[Record]) -> str:
                 return "paused"
     lo = prev.first_t - 10.0
     seen = {str(f["f"]) for f in faults if f.get("f") in _OUTAGES and lo <= float(f["t"]) <= before}
-    # The holder ended the attempt itself (its timeout is recorded) and no hand-back
-    # committed: it owed a write that an outage in the window kept from the server.
-    ended = [et for et, ev in prev.events if ev == "timed_out" and et <= before]
-    if ended and seen and not prev.has(*_HANDED_BACK):
-        return "unwritten"
     # The biggest outage in the window is named when several overlap.
-    return next((name for name in _OUTAGES if name in seen), "none")
+    name = next((name for name in _OUTAGES if name in seen), "none")
+    # The holder had its attempt's outcome and no hand-back committed: it ended the
+    # attempt itself (its timeout is recorded), or its fenced write of the outcome was
+    # refused later because the lease had run out meanwhile (lease_lost: the worker
+    # was alive and writing).  An outage in the window kept its heartbeats and that
+    # write from the server until the lease ran out: the documented rerun.  A crash or
+    # failover keeps its own name: it may have taken a commit back, counted apart.
+    owed = prev.has("timed_out") or prev.has("lease_lost")
+    if owed and name not in ("none", "crash", "failover") and not prev.has(*_HANDED_BACK):
+        return "unwritten"
+    return name
 
 
 def _recovery(
@@ -552,6 +728,21 @@ def _verdict(res: CheckResult) -> None:
         res.problems.append(
             f"{len(bad)} duplicated execution(s) not explained by a kill or pause: "
             + ", ".join(f"{c} {n}" for c, n in sorted(causes.items()))
+        )
+    if res.early_starts:
+        n = len({e["value"] for e in res.early_starts})
+        res.problems.append(f"{n} workflow step(s) started before a parent completed")
+    if res.early_releases:
+        n = len({e["value"] for e in res.early_releases})
+        res.problems.append(f"{n} workflow step(s) released before a parent completed")
+    if res.stranded_waiting:
+        res.problems.append(
+            f"{len(res.stranded_waiting)} workflow step(s) stranded waiting after their "
+            "parents finished"
+        )
+    if res.release_mismatches:
+        res.problems.append(
+            f"{len(res.release_mismatches)} workflow step(s) released other than once"
         )
     if res.lease_lost_violations:
         res.problems.append(

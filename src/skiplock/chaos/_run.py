@@ -62,6 +62,18 @@ KINDS: dict[str, tuple[int, str]] = {
 }
 HANDLER_MIX = {"hang": 0.01, "raise": 0.02, "flaky": 0.05}
 
+# Workflow shapes: (steps in the order written, edges parent -> child).  "doomed" is a
+# chain whose head always raises: its two steps below must end cancelled, never run.
+_CHORD_MEMBERS = tuple(f"m{i}" for i in range(5))
+SHAPES: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    "chain": (("a", "b", "c"), (("a", "b"), ("b", "c"))),
+    "diamond": (("a", "b", "c", "d"), (("a", "b"), ("a", "c"), ("b", "d"), ("c", "d"))),
+    "chord": ((*_CHORD_MEMBERS, "cb"), tuple((m, "cb") for m in _CHORD_MEMBERS)),
+    "doomed": (("a", "b", "c"), (("a", "b"), ("b", "c"))),
+}
+# How often each shape is written; a doomed chain now and then checks the cascade.
+SHAPE_MIX = {"chain": 0.3, "diamond": 0.3, "chord": 0.3, "doomed": 0.1}
+
 
 # How long the fault phase may run past its end to reach min_faults of each fault.  A
 # fault needs a target (a worker holding jobs, a replacement that has started): on a
@@ -106,6 +118,10 @@ class ChaosConfig:
     fuse_claims: bool | None = None
     # The worker processes run AsyncWorker (the handlers in threads of its loop).
     async_workers: bool = False
+    # Producers also write small workflows (SHAPES), each in one transaction, at this
+    # many a second in all (None: rate / 20 when workflows is on).
+    workflows: bool = False
+    workflow_rate: float | None = None
 
     def validate(self) -> None:
         unknown = [f for f in self.faults if f not in FAULTS]
@@ -117,6 +133,8 @@ class ChaosConfig:
             raise ConfigError("duration, workers and rate must be positive")
         if not 0 < self.fault_share <= 1:
             raise ConfigError(f"fault_share must be in (0, 1], not {self.fault_share!r}")
+        if self.workflow_rate is not None and not self.workflow_rate > 0:
+            raise ConfigError(f"workflow_rate must be positive, not {self.workflow_rate!r}")
         if self.restart_every is not None and not self.restart_every > 0:
             raise ConfigError(f"restart_every must be positive, not {self.restart_every!r}")
         if self.needs_replicas and (self.dsn is not None or self.needs_scratch):
@@ -158,6 +176,12 @@ class ChaosConfig:
         return not self.worker_synchronous_commit or (
             self.needs_replicas and not self.sync_replication
         )
+
+    @property
+    def workflows_per_second(self) -> float:
+        if not self.workflows:
+            return 0.0
+        return self.workflow_rate if self.workflow_rate is not None else self.rate / 20
 
     @property
     def worker_synchronous_commit(self) -> bool:
@@ -261,7 +285,39 @@ class ChaosReport:
             "worker_start_retries": self.worker_start_retries,
             "drained": self.drained,
             "torn_history_lines": r.torn_lines,
+            "cancelled_as_expected": r.cancelled_as_expected,
+            "workflows": self._workflows_json(),
             "history_dir": self.history_dir,
+        }
+
+    def _workflows_json(self) -> dict[str, Any] | None:
+        if not self.config.workflows:
+            return None
+        r = self.result
+        return {
+            "workflows": r.workflows,
+            "shapes": r.workflow_shapes,
+            "steps": r.workflow_steps,
+            "steps_done": r.workflow_steps_done,
+            "step_runs": r.workflow_step_runs,
+            "children": r.workflow_children,
+            "releases": r.workflow_releases,
+            "reruns_explained": r.workflow_reruns_explained,
+            "reruns_unexplained": r.workflow_reruns_unexplained,
+            "starts_taken_back_by_crash": r.workflow_starts_taken_back,
+            "min_start_margin": (
+                None
+                if r.workflow_min_start_margin is None
+                else round(r.workflow_min_start_margin, 4)
+            ),
+            "early_starts": len(r.early_starts),
+            "early_releases": len(r.early_releases),
+            "early_release_details": r.early_releases[:50],
+            "early_start_details": r.early_starts[:50],
+            "stranded_waiting": len(r.stranded_waiting),
+            "stranded_waiting_details": r.stranded_waiting[:50],
+            "release_mismatches": len(r.release_mismatches),
+            "release_mismatch_details": r.release_mismatches[:50],
         }
 
 
@@ -273,6 +329,7 @@ class _Producer(threading.Thread):
         self.n, self.run_, self.rate = n, run, rate
         self.stop_evt = threading.Event()
         self.seq = 0
+        self.wseq = 0
         self.rng = random.Random(run.rng.random())
 
     def run(self) -> None:
@@ -286,9 +343,15 @@ class _Producer(threading.Thread):
         hist = run.history
         mix = cfg.mix if cfg.mix is not None else (HANDLER_MIX if "handlers" in cfg.faults else {})
         tick, owed, batch_turn = 0.05, 0.0, True
+        wf_rate, wf_owed = cfg.workflows_per_second / cfg.producers, 0.0
         next_t = time.monotonic()
         try:
             while not self.stop_evt.is_set():
+                wf_owed += wf_rate * tick
+                while wf_owed >= 1.0:
+                    wf_owed -= 1.0
+                    shape = self.rng.choices(list(SHAPE_MIX), weights=list(SHAPE_MIX.values()))
+                    self._workflow(q, hist, shape[0])
                 owed += self.rate * tick
                 count, owed = int(owed), owed - int(owed)
                 if count:
@@ -314,6 +377,76 @@ class _Producer(threading.Thread):
                 return kind
             x -= share
         return "ok"
+
+    def _workflow(self, q: Queue, hist: HistoryWriter, shape: str) -> None:
+        """Write one workflow of ``shape`` in one transaction through ``after=``; its
+        enqueue line names every step and edge, so the checker can hold each child to
+        its parents."""
+        cfg, run = self.run_.cfg, self.run_
+        wf = f"{run.run_id}:{self.n}:w{self.wseq}"
+        self.wseq += 1
+        steps, edges = SHAPES[shape]
+        value = {step: f"{wf}:{step}" for step in steps}
+        parents: dict[str, list[str]] = {step: [] for step in steps}
+        for parent, child in edges:
+            parents[child].append(parent)
+        head_raises = shape == "doomed"
+        expects = {
+            value[step]: ("failed" if not parents[step] else "cancelled")
+            for step in steps
+            if head_raises
+        }
+        values = [value[step] for step in steps]
+        hist.write(
+            {
+                "ev": "enqueue",
+                "ph": "invoke",
+                "vs": values,
+                "k": "ok",
+                "expect": "done",
+                "expects": expects,
+                "wf": wf,
+                "shape": shape,
+                "edges": [[value[p], value[c]] for p, c in edges],
+            }
+        )
+
+        def payload(step: str) -> dict[str, Any]:
+            kind = "raise" if head_raises and not parents[step] else "ok"
+            ms = round(self.rng.uniform(0, 2 * cfg.work_ms), 1)
+            return {"v": value[step], "k": kind, "ms": ms, "wf": wf}
+
+        ids: dict[str, int] = {}
+        try:
+            with q.connection() as conn, conn.transaction():
+                roots = [step for step in steps if not parents[step]]
+                attempts = KINDS["raise" if head_raises else "ok"][0]
+                # The roots in one statement (a chord's members), then each step below
+                # once its parents have ids.
+                root_ids = q.enqueue_many(
+                    [payload(step) for step in roots], max_attempts=attempts, conn=conn
+                )
+                ids.update(zip(roots, root_ids, strict=True))
+                for step in steps:
+                    if parents[step]:
+                        ids[step] = q.enqueue(
+                            payload(step),
+                            after=[ids[p] for p in parents[step]],
+                            max_attempts=KINDS["ok"][0],
+                            conn=conn,
+                        )
+        except Exception as exc:
+            hist.write({"ev": "enqueue", "ph": _outcome(exc), "vs": values, "error": str(exc)})
+            return
+        hist.write(
+            {
+                "ev": "enqueue",
+                "ph": "ok",
+                "vs": values,
+                "ids": [ids[step] for step in steps],
+                "p": self.n,
+            }
+        )
 
     def _enqueue(
         self, q: Queue, hist: HistoryWriter, kind: str, payloads: list[dict[str, Any]], batch: bool
@@ -400,6 +533,8 @@ def run_chaos(cfg: ChaosConfig, progress: Any = None) -> ChaosReport:
         admin = Queue(run.dsn, schema=run.schema, application_name=f"chaos-admin:{run.run_id}")
         admin.migrate()
         admin.close()
+        if cfg.workflows:
+            _log_releases(run.dsn, run.schema)
         worker_dsn = run.dsn
         if "proxy" in cfg.faults:
             proxy = ChaosProxy(upstream_of(run.dsn))
@@ -538,7 +673,7 @@ def _drive(run: _Run, fleet: ProcessFleet, ctx: FaultContext) -> ChaosReport:
     sampler_stop.set()
     sampler.join(timeout=5)
     fleet.stop()
-    rows = _final_rows(ctx)
+    rows = _final_rows(ctx, releases=cfg.workflows)
     records, torn = load_history(fleet.dir)
     result = check(
         records,
@@ -649,14 +784,56 @@ def _unfinished(ctx: FaultContext) -> int:
     return int(rows[0][0])
 
 
-def _final_rows(ctx: FaultContext) -> list[dict[str, Any]]:
+def _final_rows(ctx: FaultContext, *, releases: bool = False) -> list[dict[str, Any]]:
     rows = ctx.query(
         sql.SQL(
-            "SELECT id, payload->>'v', status, lease_token::text, attempts, last_error FROM {}"
+            "SELECT id, payload->>'v', status, lease_token::text, attempts, last_error, "
+            "extract(epoch FROM finished_at)::float8 FROM {}"
         ).format(ctx.jobs())
     )
-    keys = ("id", "v", "status", "token", "attempts", "last_error")
-    return [dict(zip(keys, r, strict=True)) for r in rows]
+    keys = ("id", "v", "status", "token", "attempts", "last_error", "finished")
+    out = [dict(zip(keys, r, strict=True)) for r in rows]
+    if releases:
+        logged: dict[int, list[float]] = {}
+        for job_id, at in ctx.query(
+            sql.SQL("SELECT id, extract(epoch FROM at)::float8 FROM {}.{} ORDER BY at").format(
+                sql.Identifier(ctx.schema), sql.Identifier(_RELEASES)
+            )
+        ):
+            logged.setdefault(int(job_id), []).append(float(at))
+        for row in out:
+            row["releases"] = logged.get(int(row["id"]), [])
+    return out
+
+
+# The run's own log of releases (waiting -> pending), one row per transition: "released
+# once" is counted, not inferred from a final status.  It lives in the run's scratch
+# schema, which is dropped after the run.
+_RELEASES = "chaos_releases"
+
+
+def _log_releases(dsn: str, schema: str) -> None:
+    s, log = sql.Identifier(schema), sql.Identifier(_RELEASES)
+    with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
+        conn.execute(
+            sql.SQL("CREATE TABLE {}.{} (id bigint NOT NULL, at timestamptz NOT NULL)").format(
+                s, log
+            )
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE FUNCTION {s}.chaos_log_release() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN INSERT INTO {s}.{log} VALUES (NEW.id, clock_timestamp()); "
+                "RETURN NULL; END $$"
+            ).format(s=s, log=log)
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TRIGGER chaos_log_release AFTER UPDATE OF status ON {s}.jobs "
+                "FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status = 'pending') "
+                "EXECUTE FUNCTION {s}.chaos_log_release()"
+            ).format(s=s)
+        )
 
 
 def _drop_schema(dsn: str, schema: str, run_id: str) -> None:

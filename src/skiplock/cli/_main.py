@@ -35,10 +35,12 @@ class _Main(click.Group):
 
     TOOLS = {
         "cancel": "skiplock.cli._control",
+        "jobs": "skiplock.cli._jobs",
         "limit": "skiplock.cli._control",
         "pause": "skiplock.cli._control",
         "result": "skiplock.cli._control",
         "resume": "skiplock.cli._control",
+        "retry": "skiplock.cli._jobs",
         "workflow": "skiplock.cli._control",
         "audit": "skiplock.audit._cli",
         "chaos": "skiplock.chaos._cli",

