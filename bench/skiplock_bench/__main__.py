@@ -53,6 +53,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "pickup-stages": ("pickup_stages", "an idle worker's pickup, stage by stage"),
     "keys": ("keys", "per-key concurrency: the limit held, throughput, fairness"),
     "pool-cost": ("pool_cost", "the process pool's cost per job against threads"),
+    "workflows": ("workflows", "a wide chord and a long chain against plain jobs"),
 }
 
 # name: (sizes, rounds, pickup samples, single enqueues, pgbench jobs, claim pending small/big,

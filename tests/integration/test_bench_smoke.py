@@ -74,6 +74,7 @@ SUBCOMMANDS = [
     (["pickup-stages", "5", "1"], "pickup - floor"),
     (["pool-cost", "1", "40", "20", "2"], "start of 2 handlers, process"),
     (["held-claims", "--fresh", "12", "--held", "12", "--rate", "50"], "claim p99 held / fresh"),
+    (["workflows", "30", "5", "1"], "callback ran once"),
     (
         [
             "keys",

@@ -139,6 +139,30 @@ def test_two_parents_finishing_at_once_release_the_child_once(
     assert _releases(admin, schema) == {child: 1}
 
 
+def test_a_done_parent_counts_down_one_child_or_several_once_each(
+    queue: Queue, admin: psycopg.Connection[Any], schema: str
+) -> None:
+    """Migration 0019 counts a done parent's only child down in the statement that
+    flips its edge, and several children by 0016's path: both count each edge once,
+    and a child with another parent left keeps waiting."""
+    _log_releases(admin, schema)
+    solo, fan, other = queue.enqueue({}), queue.enqueue({}), queue.enqueue({})
+    only = queue.enqueue({"n": "only"}, after=[solo])
+    both = queue.enqueue({"n": "both"}, after=[solo, other])
+    kids = queue.enqueue_many([{"n": i} for i in range(3)], after=[fan])
+    jobs = _claim(queue, [solo, fan, other])
+    # solo has two children (only, both): the path for several; fan's three likewise.
+    queue.complete(jobs[solo], None)
+    assert _state(admin, schema, only) == ("pending", 0)
+    assert _state(admin, schema, both) == ("waiting", 1)
+    queue.complete(jobs[fan], None)
+    assert [_state(admin, schema, k) for k in kids] == [("pending", 0)] * 3
+    # other has one child left to count (both): the one-statement path.
+    queue.complete(jobs[other], None)
+    assert _state(admin, schema, both) == ("pending", 0)
+    assert _releases(admin, schema) == {only: 1, both: 1, **{k: 1 for k in kids}}
+
+
 def test_a_parent_that_runs_twice_releases_its_child_once(
     queue: Queue, admin: psycopg.Connection[Any], schema: str
 ) -> None:

@@ -3,7 +3,7 @@
 -- (scripts/test fails while this file is not current).
 --
 -- skiplock's schema as a fresh `skiplock migrate` leaves it, through migration
--- 0018_key_concurrency: tables, partitions, indexes, functions, the trigger and the grants,
+-- 0019_settle_one_statement: tables, partitions, indexes, functions, the trigger and the grants,
 -- as PostgreSQL 18's pg_dump --schema-only reads them back.  {schema} stands for the
 -- schema's name (default skiplock).  This file is for reading and is never applied: the
 -- migrations in migrations/ create and upgrade a schema.  Comments inside function
@@ -480,18 +480,46 @@ DECLARE
     woken   text[];
     q       text;
 BEGIN
-    WITH s AS (
-        UPDATE "{schema}".job_deps AS d
-        SET settled = true
-        WHERE d.parent = parent_id AND NOT d.settled
-        RETURNING d.child, d.cancel_on_failure
-    )
-    SELECT array_agg(s.child ORDER BY s.child)
-               FILTER (WHERE parent_status = 'done' OR NOT s.cancel_on_failure),
-           array_agg(s.child ORDER BY s.child)
-               FILTER (WHERE parent_status <> 'done' AND s.cancel_on_failure)
-    INTO counted, doomed
-    FROM s;
+    -- 0019: a parent that is done (none of its children is cancelled) with one edge
+    -- left to settle (a chord's member, a chain's step) flips it and counts the child
+    -- down in one statement: the same UPDATE of the child's row, under its row lock,
+    -- as below; one row locked needs no order.  With several edges the statement
+    -- counts nothing and hands their children on, in id order, to the path below.
+    IF parent_status = 'done' THEN
+        WITH s AS (
+            UPDATE "{schema}".job_deps AS d
+            SET settled = true
+            WHERE d.parent = parent_id AND NOT d.settled
+            RETURNING d.child
+        ),
+        one AS (
+            SELECT min(s.child) AS child FROM s HAVING count(*) = 1
+        ),
+        released AS (
+            UPDATE "{schema}".jobs AS j
+            SET deps_left = j.deps_left - 1,
+                status    = CASE WHEN j.deps_left <= 1 THEN 'pending' ELSE 'waiting' END
+            FROM one
+            WHERE j.id = one.child AND j.status = 'waiting'
+            RETURNING j.queue, j.status, j.run_at
+        )
+        SELECT (SELECT array_agg(s.child ORDER BY s.child) FROM s
+                WHERE NOT EXISTS (SELECT FROM one)),
+               (SELECT array_agg(DISTINCT r.queue) FROM released AS r
+                WHERE r.status = 'pending' AND r.run_at <= now())
+        INTO counted, woken;
+    ELSE
+        WITH s AS (
+            UPDATE "{schema}".job_deps AS d
+            SET settled = true
+            WHERE d.parent = parent_id AND NOT d.settled
+            RETURNING d.child, d.cancel_on_failure
+        )
+        SELECT array_agg(s.child ORDER BY s.child) FILTER (WHERE NOT s.cancel_on_failure),
+               array_agg(s.child ORDER BY s.child) FILTER (WHERE s.cancel_on_failure)
+        INTO counted, doomed
+        FROM s;
+    END IF;
 
     IF counted IS NOT NULL THEN
         PERFORM FROM (SELECT j.id FROM "{schema}".jobs AS j
@@ -508,16 +536,16 @@ BEGIN
         SELECT array_agg(DISTINCT r.queue) INTO woken
         FROM released AS r
         WHERE r.status = 'pending' AND r.run_at <= now();
-        -- Wake the queue's workers, as the enqueue trigger does (migration 0008).
-        FOREACH q IN ARRAY coalesce(woken, '{}'::text[])
-        LOOP
-            IF EXISTS (SELECT FROM "{schema}".workers AS w
-                       WHERE w.waiting IS NOT FALSE AND q = ANY (w.queues))
-               OR NOT EXISTS (SELECT FROM "{schema}".workers) THEN
-                PERFORM pg_notify(channel, q);
-            END IF;
-        END LOOP;
     END IF;
+    -- Wake the queue's workers, as the enqueue trigger does (migration 0008).
+    FOREACH q IN ARRAY coalesce(woken, '{}'::text[])
+    LOOP
+        IF EXISTS (SELECT FROM "{schema}".workers AS w
+                   WHERE w.waiting IS NOT FALSE AND q = ANY (w.queues))
+           OR NOT EXISTS (SELECT FROM "{schema}".workers) THEN
+            PERFORM pg_notify(channel, q);
+        END IF;
+    END LOOP;
 
     IF doomed IS NOT NULL THEN
         WITH RECURSIVE reach (id, via) AS (
