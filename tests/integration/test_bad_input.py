@@ -246,8 +246,9 @@ def _schemas(admin: Any) -> set[str]:
 
 @pytest.mark.parametrize("name", [*HOSTILE_NAMES, "public; DROP TABLE x", "1abc", "a" * 49])
 def test_hostile_schema_names_are_refused_before_connecting(
-    dsn: str, admin: Any, name: str
+    dsn: str, admin: Any, name: str, schemas: Any
 ) -> None:
+    schemas.settle()  # no other test's schema made or dropped meanwhile
     before = _schemas(admin)
     with pytest.raises(ConfigError, match="invalid schema name"):
         Queue(dsn, schema=name)
