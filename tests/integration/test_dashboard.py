@@ -355,3 +355,32 @@ def test_overview_lists_jobs_whose_task_no_worker_knows(queue: Queue, client: Te
     page = client.get("/").text
     assert "Waiting for a worker that knows the task" in page
     assert 'data-task="shop.refund"' in page and 'data-task="shop.charge"' not in page
+
+
+def test_workflow_page_shows_each_step_its_task_and_state(queue: Queue, client: TestClient) -> None:
+    """A canvas's steps in the order written, with their state (issue 39: the dashboard
+    shows a workflow), and the waiting and throttled counts on the overview."""
+    from skiplock import App, chain
+
+    app = App(queue.settings.dsn, schema=queue.schema)
+
+    @app.task(name="wf.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        flow = chain(add.s(1, 2), add.s(3), add.s(4)).defer()
+    finally:
+        app.close()
+    page = client.get(f"/workflows/{flow.id}")
+    assert page.status_code == 200
+    body = page.text
+    steps = re.findall(r'<tr data-job="(\d+)">', body)
+    assert len(steps) == 3 and int(steps[0]) == flow.id
+    assert body.count("wf.add") == 3
+    assert "1 pending" in body and "2 waiting" in body
+    overview = client.get("/").text
+    assert 'data-total="waiting">2<' in overview
+    missing = client.get("/workflows/424242")
+    assert missing.status_code == 404 and "no workflow with id 424242" in missing.text
+    assert client.get("/workflows/abc").status_code == 404

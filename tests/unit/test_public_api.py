@@ -81,7 +81,7 @@ TOOL_MODULES = {
     },
     "skiplock.sqlfiles": {"Statements", "load_named", "parse_named", "statements"},
     "skiplock.schema": {"latest_migration", "schema_version", "validate_schema"},
-    "skiplock.results": {"DEFAULT_MAX_RESULT_BYTES", "Encoded", "encode_result"},
+    "skiplock.results": {"DEFAULT_MAX_RESULT_BYTES", "Encoded", "encode_result", "error_line"},
     "skiplock.cli": {"main"},
     "skiplock.cli.common": {
         "dsn_option",

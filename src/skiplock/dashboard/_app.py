@@ -16,6 +16,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from skiplock import DatabaseUnavailable, Queue, SkiplockError
+from skiplock.results import error_line
 
 from ._chart import RANGES
 from ._data import STATUSES, age, overview, pretty_json, when
@@ -177,6 +178,29 @@ class _Dashboard:
             return self.error_page(request, f"no job with id {job_id}", 404)
         return self.render(request, "job.html", {"job": job})
 
+    async def workflow(self, request: Request) -> Response:
+        raw = request.path_params["workflow_id"]
+        workflow_id = _job_id(raw)
+        if workflow_id is None:
+            return self.error_page(request, f"bad workflow id {raw!r}", 404)
+        try:
+            flow = await self.call(self.queue.workflow, workflow_id)
+        except SkiplockError as exc:
+            return self.error_page(request, str(exc), 503)
+        if flow is None:
+            return self.error_page(
+                request,
+                f"no workflow with id {workflow_id} (a workflow's id is its first job's)",
+                404,
+            )
+        steps = [{**step, "error": error_line(step.get("last_error"))} for step in flow["steps"]]
+        counts: dict[str, int] = {}
+        for step in steps:
+            key = step["status"] or "gone"
+            counts[key] = counts.get(key, 0) + 1
+        context = {"flow": flow, "steps": steps, "counts": counts, "output": _ids(flow["output"])}
+        return self.render(request, "workflow.html", context)
+
     # -- actions --------------------------------------------------------------------------
 
     async def _checked_form(self, request: Request) -> dict[str, str] | None:
@@ -240,6 +264,13 @@ class _Dashboard:
         return self.redirect(back, "ok", f"queue {name!r} {done}")
 
 
+def _ids(output: Any) -> list[int]:
+    """A workflow's output job ids, flat (a group's output is a list, nested as written)."""
+    if isinstance(output, list):
+        return [i for part in output for i in _ids(part)]
+    return [output] if isinstance(output, int) else []
+
+
 def _job_id(raw: str) -> int | None:
     try:
         n = int(raw)
@@ -294,6 +325,7 @@ def create_app(
         Route("/api/overview", d.api_overview),
         Route("/jobs", d.jobs),
         Route("/jobs/{job_id:str}", d.job),
+        Route("/workflows/{workflow_id:str}", d.workflow),
         *(
             Route(f"/jobs/{{job_id:str}}/{a}", d.job_action(a), methods=["POST"])
             for a in JOB_ACTIONS

@@ -14,7 +14,9 @@ from ._chart import ChartRange, legend, throughput_svg
 
 __all__ = ["STATUSES", "Overview", "QueueSummary", "age", "overview", "pretty_json", "when"]
 
-STATUSES = ("pending", "running", "done", "failed", "cancelled")
+# waiting: a workflow step whose parents have not all finished; throttled: a job whose
+# concurrency key is at its limit.  Neither is claimable yet.
+STATUSES = ("pending", "running", "done", "failed", "cancelled", "waiting", "throttled")
 
 
 @dataclass
