@@ -13,6 +13,7 @@ import asyncio
 import re
 import sys
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -469,3 +470,40 @@ def test_the_worker_command_refuses_a_bad_task_or_queue_before_connecting(queue:
             call_command("skiplock_worker", "--task", "testproj.tasks.nope")
         with pytest.raises(CommandError, match=r"queue\(s\) \['nope'\] are not in TASKS"):
             call_command("skiplock_worker", "--queue", "nope")
+
+
+@pytest.mark.parametrize("outcome", ["rolled back", "committed"])
+def test_a_chain_deferred_in_a_view_commits_or_rolls_back_with_its_atomic_block(
+    backend: Any, queue: Queue, admin: psycopg.Connection[Any], outcome: str
+) -> None:
+    """Issue 39: a workflow enqueued from a view inside ``atomic()`` is written on
+    Django's own connection, in its transaction: all of its steps or none."""
+    from django.db import connection, transaction
+
+    from skiplock import App, chain
+
+    app = App(queue.settings.dsn, schema=queue.schema)
+
+    @app.task(name="dj.add")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    try:
+        expect = pytest.raises(RuntimeError) if outcome == "rolled back" else nullcontext()
+        with expect, transaction.atomic():
+            flow = chain(add.s(1, 2), add.s(3), add.s(4)).defer(conn=connection.connection)
+            # Not committed: another connection sees none of it yet.
+            assert jobs(admin, queue.schema) == []
+            if outcome == "rolled back":
+                raise RuntimeError("the view failed")
+        rows = jobs(admin, queue.schema)
+        if outcome == "rolled back":
+            assert rows == []
+            assert queue.workflow(flow.id) is None
+        else:
+            assert [r["task"] for r in rows] == ["dj.add"] * 3
+            steps = queue.workflow(flow.id)
+            assert steps is not None
+            assert [s["status"] for s in steps["steps"]] == ["pending", "waiting", "waiting"]
+    finally:
+        app.close()
