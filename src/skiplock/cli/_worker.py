@@ -385,6 +385,11 @@ def _prepared(params: dict[str, Any]) -> dict[str, Any]:
     with _queue(loaded.dsn, loaded.schema, min_size=1, max_size=1, pooler=params["pooler"]) as q:
         if params["do_migrate"]:
             q.migrate()
+            app = loaded.app
+            for where in app.clusters[1:] if app is not None else ():
+                app._queue_at(where).migrate()
+            if app is not None:
+                app.close()
         resolved = q.settings.dsn
     return {
         **params,
@@ -419,6 +424,8 @@ def run_worker(**params: Any) -> int:
     try:
         if params["do_migrate"]:
             q.migrate()
+            for where in app.clusters[1:] if app is not None else ():
+                app._queue_at(where).migrate()  # the app's other clusters (docs/scaling.md)
         if metrics_port is not None:
             from ..metrics import WorkerMetrics
 
@@ -462,6 +469,11 @@ def run_worker(**params: Any) -> int:
             )
         else:
             w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
+        if params.get("health_fd") is not None and not isinstance(w, Worker):
+            raise ConfigError(
+                "a health port answers for one cluster's worker: run one worker per "
+                "cluster (--queues) to give each a health port"
+            )
         if params.get("health_fd") is not None:
             # A --processes child: it serves on the socket its supervisor made and
             # asks (_supervise.py), not on a port of its own.
