@@ -354,6 +354,8 @@ def test_a_killed_worker_process_has_its_jobs_on_both_clusters_run_again(
         proc.wait(30)
         started = [line.split() for line in log.read_text().splitlines()]
         assert sorted((q, int(i)) for q, i, *_ in started) == [("default", a), ("reports", b)]
+        # One `skiplock worker --app` process had claimed the jobs of both clusters.
+        assert {int(pid) for *_, pid in started} == {proc.pid}
         # Another worker (in this process) finds both once their leases run out.
         w = app.worker(poll_interval=0.05, sweep_interval=0.5, lease=5)
         t = w.start()
@@ -424,3 +426,29 @@ def test_status_shows_every_cluster_of_an_app(
     )
     assert text.returncode == 0, text.stderr
     assert "no jobs on" in text.stdout and "reports" in text.stdout
+
+
+def test_a_cluster_unreachable_at_start_stops_the_other_worker_too(queue: Any) -> None:
+    from skiplock import Queue
+
+    bad = Queue("postgresql://postgres@127.0.0.1:1/x", schema=queue.schema, open=False)
+    w = ClusterWorkers(
+        [
+            Worker(queue, lambda job: None, queues=["default"], poll_interval=0.05),
+            Worker(bad, lambda job: None, queues=["reports"], poll_interval=0.05),
+        ]
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the reachable cluster's worker went on alone"
+    assert len(errors) == 1 and "cannot reach PostgreSQL" in str(errors[0])
+    assert w.workers[0].stopping
