@@ -452,3 +452,23 @@ def test_a_cluster_unreachable_at_start_stops_the_other_worker_too(queue: Any) -
     assert not t.is_alive(), "the reachable cluster's worker went on alone"
     assert len(errors) == 1 and "cannot reach PostgreSQL" in str(errors[0])
     assert w.workers[0].stopping
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_worker_cli_refuses_one_health_port_over_two_clusters(
+    dsn: str, dsn2: str, schema: str, tmp_path: Path, processes: str
+) -> None:
+    (tmp_path / "twoclusters.py").write_text(textwrap.dedent(APP))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"CL_MAIN": dsn, "CL_SECOND": dsn2, "CL_SCHEMA": schema, "CL_LOG": "/dev/null"}
+    cmd = [SCRIPT, "worker", "--app", "twoclusters:app", "--health-port", "0"]
+    out = subprocess.run(
+        [*cmd, "--processes", processes],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "run one worker per cluster" in out.stderr

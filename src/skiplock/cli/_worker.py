@@ -382,10 +382,18 @@ def _prepared(params: dict[str, Any]) -> dict[str, Any]:
             "command per process (each with its own port) instead"
         )
     loaded = _load(params)
+    app = loaded.app
+    if app is not None and params["health_port"] is not None:
+        names, _ = app._served(list(loaded.queues) or None)
+        if len(app._by_cluster(names)) > 1:
+            # Here, once, rather than in every child (each would exit 2 and be restarted).
+            raise ConfigError(
+                "a health port answers for one cluster's worker: run one worker per "
+                "cluster (--queues) to give each a health port"
+            )
     with _queue(loaded.dsn, loaded.schema, min_size=1, max_size=1, pooler=params["pooler"]) as q:
         if params["do_migrate"]:
             q.migrate()
-            app = loaded.app
             for where in app.clusters[1:] if app is not None else ():
                 app._queue_at(where).migrate()
             if app is not None:
