@@ -3,6 +3,7 @@
 from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
 from ._canvas import Signature, Workflow, chain, chord, group
+from ._clusters import ClusterWorkers
 from ._config import RetryPolicy
 from ._control import JobInfo, QueueConfig, RetryReport
 from ._errors import (
@@ -33,6 +34,7 @@ __all__ = [
     "App",
     "AsyncQueue",
     "AsyncWorker",
+    "ClusterWorkers",
     "ConfigError",
     "DatabaseUnavailable",
     "DuplicateJob",

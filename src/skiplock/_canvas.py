@@ -84,6 +84,19 @@ class Canvas:
         output = self._compile(graph, None)
         return app, graph, output
 
+    def _queue(self, app: Any) -> str:
+        """The queue of the canvas's first step, after checking that every step's
+        queue lives on one cluster: an edge is a row of that cluster's database, and
+        a step released by a parent on another could never be."""
+        queues = list(dict.fromkeys(s.task.queue for s in self._signatures()))
+        where = {app.dsn_of(q) for q in queues}
+        if len(where) > 1:
+            raise ConfigError(
+                f"a workflow cannot span clusters: its queues {', '.join(queues)} live on "
+                f"{len(where)} databases (a dependency cannot cross clusters)"
+            )
+        return queues[0]
+
     def defer(self, *, conn: Any = None) -> Workflow:
         """Write every job of the canvas in one statement (two round trips: the ids,
         then the jobs, their edges and the workflow's row) and return its handle.
@@ -91,15 +104,18 @@ class Canvas:
         if it commits.  Arguments are checked first, as ``Task.defer`` checks them:
         nothing is written when one step's do not bind."""
         app, graph, output = self._graph()
-        ids = app.queue._enqueue_graph(graph.rows, graph.edges, conn=conn, output=output)
-        return Workflow(int(ids[0]), tuple(int(i) for i in ids), app)
+        queue = self._queue(app)
+        q = app._producer(queue, conn)
+        ids = q._enqueue_graph(graph.rows, graph.edges, conn=conn, output=output)
+        return Workflow(int(ids[0]), tuple(int(i) for i in ids), app, queue)
 
     async def defer_async(self, *, conn: Any = None) -> Workflow:
         """``defer`` through the app's AsyncQueue (``conn``: an AsyncConnection)."""
         app, graph, output = self._graph()
-        q = await app.async_queue()
+        queue = self._queue(app)
+        q = await app._aproducer(queue, conn)
         ids = await q._enqueue_graph(graph.rows, graph.edges, conn=conn, output=output)
-        return Workflow(int(ids[0]), tuple(int(i) for i in ids), app)
+        return Workflow(int(ids[0]), tuple(int(i) for i in ids), app, queue)
 
 
 class Signature(Canvas):
@@ -300,11 +316,13 @@ def needs_parents(job_meta: Any) -> bool:
 class Workflow:
     """A deferred canvas: its ``id`` (the id of its first job) and its ``jobs``, in the
     order written.  ``app.wait(workflow)`` (or ``app.wait(workflow.id)``) returns its
-    result; ``skiplock workflow ID`` shows its steps."""
+    result; ``skiplock workflow ID`` shows its steps.  ``queue``: its first step's, which
+    names the cluster it lives on (ids are per cluster; ``app.wait`` looks there)."""
 
     id: int
     jobs: tuple[int, ...]
     app: Any = dataclasses.field(repr=False, compare=False)
+    queue: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def wait(self, timeout: float | None = None) -> Any:
         return self.app.wait(self, timeout=timeout)

@@ -23,6 +23,7 @@ import threading
 import traceback
 import types
 import typing
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar, overload
@@ -32,6 +33,13 @@ from ._aqueue import AsyncQueue
 from ._aworker import AsyncWorker
 from ._base import _check_enqueue_options, check_run_at, check_task_name, check_unique
 from ._canvas import Signature, Workflow, needs_parents, parent_arg, wait_workflow
+from ._clusters import (
+    ClusterWorkers,
+    Identity,
+    aserver_identity,
+    check_same_database,
+    server_identity,
+)
 from ._config import RetryPolicy, validate_queue
 from ._errors import ConfigError, Fail, PayloadError, Retry, UnknownJob
 from ._handlers import run_coroutine
@@ -561,11 +569,11 @@ class Deferral:
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
         payload, options = self._one(args, kwargs)
-        return self.task.app.queue.enqueue(payload, **options)
+        return self.task.app._producer(self.queue, self.conn).enqueue(payload, **options)
 
     async def defer_async(self, *args: Any, **kwargs: Any) -> int:
         payload, options = self._one(args, kwargs)
-        q = await self.task.app.async_queue()
+        q = await self.task.app._aproducer(self.queue, self.conn)
         return await q.enqueue(payload, **options)
 
     def _many(self, calls: Iterable[Mapping[str, Any]]) -> tuple[list[Any], dict[str, Any]]:
@@ -591,11 +599,11 @@ class Deferral:
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         payloads, options = self._many(calls)
-        return self.task.app.queue.enqueue_many(payloads, **options)
+        return self.task.app._producer(self.queue, self.conn).enqueue_many(payloads, **options)
 
     async def defer_many_async(self, calls: Iterable[Mapping[str, Any]]) -> list[int]:
         payloads, options = self._many(calls)
-        q = await self.task.app.async_queue()
+        q = await self.task.app._aproducer(self.queue, self.conn)
         return await q.enqueue_many(payloads, **options)
 
 
@@ -610,8 +618,14 @@ class App:
         ``wait`` or worker, so importing the module that defines the app is free.
     schema
         The skiplock schema (``skiplock migrate --schema``).
+    queues
+        Queues that live on another database than ``dsn``: ``{"reports": dsn2}``.
+        Deferrals route by queue, a worker serves each cluster with a Worker of its
+        own, and job ids are per cluster: ``app.wait(job_id, queue="reports")``.  See
+        docs/scaling.md for what a split keeps of the guarantees.
     queue_options
-        Passed to ``Queue`` (``max_size``, ``retry_policy``, ``pooler``, ...).
+        Passed to ``Queue`` (``max_size``, ``retry_policy``, ``pooler``, ...), on every
+        cluster.
 
     Examples
     --------
@@ -623,10 +637,33 @@ class App:
     """
 
     def __init__(
-        self, dsn: str | None = None, *, schema: str = "skiplock", **queue_options: Any
+        self,
+        dsn: str | None = None,
+        *,
+        schema: str = "skiplock",
+        queues: Mapping[str, str] | None = None,
+        **queue_options: Any,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
+        routes: dict[str, str] = {}
+        for name, where in (queues or {}).items():
+            validate_queue(name)
+            if not isinstance(where, str) or not where:
+                raise ConfigError(f"queues={{{name!r}: ...}} takes a DSN string, not {where!r}")
+            if where != dsn:
+                routes[name] = where
+        # queue -> DSN, for the queues not on ``dsn``; empty for a one-cluster app,
+        # which then never looks here nor checks a connection's server.
+        self._routes = routes
+        self._queues: dict[str, Queue] = {}
+        self._aqueues: dict[str, AsyncQueue] = {}
+        self._qlock = threading.Lock()
+        # A transactional deferral's connection and each cluster: which database.
+        self._identities: dict[str | None, Identity] = {}
+        self._conn_identities: weakref.WeakKeyDictionary[Any, Identity] = (
+            weakref.WeakKeyDictionary()
+        )
         self._queue_options = queue_options
         self.max_payload_bytes: int = queue_options.get("max_payload_bytes", 1 << 20)
         self.tasks: dict[str, Task[Any]] = {}
@@ -834,37 +871,112 @@ class App:
 
     @property
     def queue(self) -> Queue:
-        """The app's Queue, made on first use (its pool connects then)."""
+        """The app's Queue (on ``dsn``), made on first use (its pool connects then)."""
         if self._queue is None:
             self._queue = Queue(self.dsn, schema=self.schema, **self._queue_options)
         return self._queue
 
-    async def async_queue(self) -> AsyncQueue:
-        """The app's AsyncQueue, opened on first use in the running event loop."""
-        if self._aqueue is None:
-            if self._alock is None:
-                self._alock = asyncio.Lock()
+    def dsn_of(self, queue: str) -> str | None:
+        """The DSN of the cluster a queue lives on (``dsn`` unless ``queues`` says)."""
+        return self._routes.get(queue, self.dsn)
+
+    @property
+    def clusters(self) -> list[str | None]:
+        """The DSNs of the app's clusters, ``dsn`` first."""
+        return [self.dsn, *dict.fromkeys(self._routes.values())]
+
+    def queue_for(self, queue: str) -> Queue:
+        """The Queue of the cluster ``queue`` lives on (``app.queue`` for ``dsn``)."""
+        where = self._routes.get(queue)
+        return self.queue if where is None else self._queue_at(where)
+
+    def _queue_at(self, dsn: str | None) -> Queue:
+        if dsn == self.dsn:
+            return self.queue
+        assert dsn is not None  # every routed queue has a DSN
+        with self._qlock:
+            q = self._queues.get(dsn)
+            if q is None:
+                q = self._queues[dsn] = Queue(dsn, schema=self.schema, **self._queue_options)
+            return q
+
+    async def async_queue(self, queue: str | None = None) -> AsyncQueue:
+        """The AsyncQueue of the app's ``dsn`` (or of the cluster ``queue`` lives on),
+        opened on first use in the running event loop."""
+        where = None if queue is None else self._routes.get(queue)
+        if self._alock is None:
+            self._alock = asyncio.Lock()
+        if where is None:
+            if self._aqueue is None:
+                async with self._alock:
+                    if self._aqueue is None:
+                        q = AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+                        await q.open()
+                        self._aqueue = q
+            return self._aqueue
+        if where not in self._aqueues:
             async with self._alock:
-                if self._aqueue is None:
-                    q = AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+                if where not in self._aqueues:
+                    q = AsyncQueue(where, schema=self.schema, **self._queue_options)
                     await q.open()
-                    self._aqueue = q
-        return self._aqueue
+                    self._aqueues[where] = q
+        return self._aqueues[where]
+
+    def _producer(self, queue: str, conn: Any) -> Queue:
+        """The Queue a deferral to ``queue`` writes through; with ``conn`` on an app of
+        several clusters, first the check that the connection is on that queue's
+        database (one query per connection, then remembered)."""
+        q = self.queue_for(queue)
+        if conn is not None and self._routes:
+            where = self.dsn_of(queue)
+            if where not in self._identities:
+                with q.connection() as c:
+                    self._identities[where] = server_identity(c)
+            mine = self._conn_identities.get(conn)
+            if mine is None:
+                mine = self._conn_identities[conn] = server_identity(conn)
+            check_same_database(queue, mine, self._identities[where])
+        return q
+
+    async def _aproducer(self, queue: str, conn: Any) -> AsyncQueue:
+        q = await self.async_queue(queue)
+        if conn is not None and self._routes:
+            where = self.dsn_of(queue)
+            if where not in self._identities:
+                async with q.connection() as c:
+                    self._identities[where] = await aserver_identity(c)
+            mine = self._conn_identities.get(conn)
+            if mine is None:
+                mine = self._conn_identities[conn] = await aserver_identity(conn)
+            check_same_database(queue, mine, self._identities[where])
+        return q
 
     def migrate(self) -> list[int]:
-        """Create or upgrade the schema (idempotent)."""
+        """Create or upgrade the schema (idempotent), on every cluster of the app;
+        returns the versions applied on ``dsn``'s."""
+        for where in self.clusters[1:]:
+            self._queue_at(where).migrate()
         return self.queue.migrate()
 
-    def wait(self, job_id: int | Workflow, timeout: float | None = None) -> Any:
+    def wait(
+        self, job_id: int | Workflow, timeout: float | None = None, *, queue: str | None = None
+    ) -> Any:
         """The return value of the job's task; JobFailed / JobCancelled if it did not
         succeed, TimeoutError after ``timeout`` seconds.
 
         A workflow (the handle ``defer`` of a canvas returns, or its id): its result,
         that of its last step, or the list of a group's results; JobFailed or
-        JobCancelled naming the step that failed."""
+        JobCancelled naming the step that failed.
+
+        Job ids are per cluster: on an app with ``queues`` on other databases, name the
+        job's queue (``queue="reports"``) to wait on its cluster; a Workflow handle
+        knows its own."""
         wid = job_id.id if isinstance(job_id, Workflow) else job_id
+        if queue is None and isinstance(job_id, Workflow):
+            queue = job_id.queue
+        q = self.queue if queue is None else self.queue_for(queue)
         try:
-            wf = self.queue.workflow(wid)
+            wf = q.workflow(wid)
         except ConfigError:
             # A schema before migration 16 (a rolling deploy) has no workflows, or a
             # role without the grant reads none: a plain id is a job's.
@@ -874,22 +986,32 @@ class App:
         if wf is None:
             if isinstance(job_id, Workflow):
                 raise UnknownJob(wid)
-            return self.queue.wait(wid, timeout=timeout)
-        return wait_workflow(self.queue, wf, timeout)
+            return q.wait(wid, timeout=timeout)
+        return wait_workflow(q, wf, timeout)
 
-    async def wait_async(self, job_id: int, timeout: float | None = None) -> Any:
-        return await (await self.async_queue()).wait(job_id, timeout=timeout)
+    async def wait_async(
+        self, job_id: int, timeout: float | None = None, *, queue: str | None = None
+    ) -> Any:
+        """``wait`` for one job, for asyncio code (``queue``: as for ``wait``)."""
+        return await (await self.async_queue(queue)).wait(job_id, timeout=timeout)
 
     def close(self) -> None:
         if self._queue is not None:
             self._queue.close()
             self._queue = None
+        with self._qlock:
+            queues, self._queues = list(self._queues.values()), {}
+        for q in queues:
+            q.close()
 
     async def aclose(self) -> None:
-        """Close the AsyncQueue (and the Queue, if one was made)."""
+        """Close the AsyncQueues (and the Queues, if any were made)."""
         if self._aqueue is not None:
             await self._aqueue.close()
             self._aqueue = None
+        aqueues, self._aqueues = list(self._aqueues.values()), {}
+        for aq in aqueues:
+            await aq.close()
         self.close()
 
     def __enter__(self) -> App:
@@ -925,11 +1047,13 @@ class App:
         queues: Sequence[str] | None = None,
         using: Queue | None = None,
         **options: Any,
-    ) -> Worker:
+    ) -> Worker | ClusterWorkers:
         """A ``Worker`` running this app's tasks (all its queues, or ``queues``).
 
         ``options`` are ``Worker``'s (``concurrency``, ``lease``, ``pool``, ...);
-        ``using`` is a Queue whose settings replace the app's (the CLI's ``--dsn``).
+        ``using`` is a Queue whose settings replace the app's ``dsn`` (the CLI's
+        ``--dsn``).  Queues on several clusters (``App(queues=...)``) get one Worker
+        per cluster, run and stopped as one by the ``ClusterWorkers`` returned.
         The worker claims only the tasks it knows: a job deferred by a newer version
         of the app waits, uncharged, for a worker that knows its task.
 
@@ -941,11 +1065,30 @@ class App:
         self._worker_options(served, options)
         # An event loop cannot interrupt a task either: soft limits are the process pool's.
         options["task_soft_timeouts"] = {t.name: t.soft_timeout for t in served if t.soft_timeout}
-        q = using if using is not None else self.queue
-        handle = TaskHandler(
-            self, sorted(t.name for t in served), q.settings.dsn, q.schema, results=q
-        )
-        return Worker(q, handle, queues=names, tasks=handle.names, **options)
+        groups = self._by_cluster(names)
+        if len(groups) > 1 and options.get("health_port") is not None:
+            raise ConfigError(
+                "a health port answers for one cluster's worker: run one worker per "
+                "cluster (queues=...) to give each a health port"
+            )
+        workers = []
+        for where, here in groups.items():
+            q = using if using is not None and where == self.dsn else self._queue_at(where)
+            opts = dict(options)
+            if self._routes:
+                # A schedule enqueues to its queue's own cluster, so only its worker runs it.
+                opts["periodic"] = [p for p in opts["periodic"] if self.dsn_of(p.queue) == where]
+            tasks = sorted(t.name for t in served if t.queue in here)
+            handle = TaskHandler(self, tasks, q.settings.dsn, q.schema, results=q)
+            workers.append(Worker(q, handle, queues=here, tasks=handle.names, **opts))
+        return workers[0] if len(workers) == 1 else ClusterWorkers(workers)
+
+    def _by_cluster(self, names: Sequence[str]) -> dict[str | None, list[str]]:
+        """The queues ``names`` grouped by the DSN of their cluster, ``dsn``'s first."""
+        groups: dict[str | None, list[str]] = {}
+        for name in names:
+            groups.setdefault(self.dsn_of(name), []).append(name)
+        return dict(sorted(groups.items(), key=lambda kv: kv[0] != self.dsn))
 
     def import_path(self) -> str:
         """``module:name`` under which this app can be imported: where a process pool's
@@ -971,6 +1114,20 @@ class App:
         (``asyncio.to_thread``), so a blocking call does not stall the loop.
         """
         names, served = self._served(queues)
+        groups = self._by_cluster(names)
+        if len(groups) > 1:
+            raise ConfigError(
+                "async_worker serves queues on one cluster; "
+                + "; ".join(f"{', '.join(v)} on another" for v in list(groups.values())[1:])
+                + ": run one async_worker per cluster (queues=...)"
+            )
+        (where,) = groups
+        if self._routes:
+            options["periodic"] = [
+                p
+                for p in options.get("periodic", self.periodic_specs)
+                if self.dsn_of(p.queue) == where
+            ]
         self._worker_options(served, options)
         known = {t.name: t for t in served}
 
@@ -980,7 +1137,7 @@ class App:
                 try:
                     extra: dict[str, Any] = {}
                     if needs_parents(job.meta):  # a canvas step: its parents' results
-                        q = await self.async_queue()
+                        q = await self.async_queue(names[0])
                         extra = parent_arg(job.meta, await q.parent_results(job.id))
                     # The worker cancels the attempt at the task's timeout (task_timeouts).
                     if task.is_async:
@@ -990,12 +1147,13 @@ class App:
                     _reraise(task, exc, job)
 
         return AsyncWorker(
-            self._settings_queue(), handle, queues=names, tasks=sorted(known), **options
+            self._settings_queue(where), handle, queues=names, tasks=sorted(known), **options
         )
 
-    def _settings_queue(self) -> AsyncQueue:
+    def _settings_queue(self, dsn: str | None = None) -> AsyncQueue:
         # AsyncWorker takes an AsyncQueue for its settings only and opens its own.
-        return AsyncQueue(self.dsn, schema=self.schema, **self._queue_options)
+        where = self.dsn if dsn is None else dsn
+        return AsyncQueue(where, schema=self.schema, **self._queue_options)
 
 
 def _exception_classes(

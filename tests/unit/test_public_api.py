@@ -10,6 +10,8 @@ PUBLIC = {
     "App",
     "AsyncQueue",
     "AsyncWorker",
+    # one Worker per cluster, run as one (App(queues=...), docs/scaling.md)
+    "ClusterWorkers",
     "ConfigError",
     "DatabaseUnavailable",
     "DuplicateJob",

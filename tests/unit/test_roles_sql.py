@@ -34,6 +34,8 @@ PRODUCER = {
     "enqueue_graph",
     # a workflow's output and steps: `wait` and `skiplock workflow`
     "workflow",
+    # which database a transactional defer's connection is on (several clusters)
+    "server_identity",
 }
 WORKER = {
     "claim",

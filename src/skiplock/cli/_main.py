@@ -292,22 +292,55 @@ def prune(older_than: float, batch: int, dsn: str | None, schema: str, as_json: 
     show_default=True,
     help="Flag jobs with at least this many attempts.",
 )
+@click.option(
+    "--app",
+    "app_path",
+    default=None,
+    metavar="MODULE:APP",
+    help="A skiplock.App: show every cluster its queues live on (--dsn replaces its dsn).",
+)
 @dsn_option
 @schema_option
 @json_option
 @user_errors
-def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> None:
+def status(
+    attempts_alert: int, app_path: str | None, dsn: str | None, schema: str, as_json: bool
+) -> None:
     """Counts per queue and status, oldest pending age, expired leases, high attempts."""
-    with _queue(dsn, schema, min_size=1, max_size=1) as q:
-        rows = q.status(attempts_alert=attempts_alert)
-        unserved = q.unserved()
+    clusters: list[str | None] = [dsn]
+    if app_path is not None:
+        from .._handlers import load_object
+        from .._tasks import App
+
+        app = load_object(app_path, what="app")
+        if not isinstance(app, App):
+            raise ConfigError(f"--app {app_path!r} is a {type(app).__name__}, not a skiplock.App")
+        source = click.get_current_context().get_parameter_source("schema")
+        if source is click.core.ParameterSource.DEFAULT:
+            schema = app.schema
+        clusters = [dsn if dsn is not None else app.dsn, *app.clusters[1:]]
+    shown = []
+    for where in clusters:
+        with _queue(where, schema, min_size=1, max_size=1) as q:
+            rows = q.status(attempts_alert=attempts_alert)
+            unserved = q.unserved()
+            shown.append((q.settings.display_dsn, rows, unserved))
     if as_json:
-        echo_json({"queues": rows, "unserved": unserved})
+        if app_path is None:
+            echo_json({"queues": shown[0][1], "unserved": shown[0][2]})
+        else:
+            echo_json({"clusters": [{"dsn": d, "queues": r, "unserved": u} for d, r, u in shown]})
         return
+    for where_shown, rows, unserved in shown:
+        on = "" if app_path is None else f" on {where_shown}"
+        _print_status(f"skiplock status ({schema}){on}", on, attempts_alert, rows, unserved)
+
+
+def _print_status(title: str, on: str, attempts_alert: int, rows: Any, unserved: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"skiplock status ({schema})")
+    table = Table(title=title)
     for col in (
         "queue",
         "status",
@@ -328,7 +361,7 @@ def status(attempts_alert: int, dsn: str | None, schema: str, as_json: bool) -> 
             str(r["high_attempts"]),
         )
     if not rows:
-        click.echo("no jobs")
+        click.echo(f"no jobs{on}")
         return
     Console().print(table)
     if unserved:

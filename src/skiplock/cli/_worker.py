@@ -382,9 +382,22 @@ def _prepared(params: dict[str, Any]) -> dict[str, Any]:
             "command per process (each with its own port) instead"
         )
     loaded = _load(params)
+    app = loaded.app
+    if app is not None and params["health_port"] is not None:
+        names, _ = app._served(list(loaded.queues) or None)
+        if len(app._by_cluster(names)) > 1:
+            # Here, once, rather than in every child (each would exit 2 and be restarted).
+            raise ConfigError(
+                "a health port answers for one cluster's worker: run one worker per "
+                "cluster (--queues) to give each a health port"
+            )
     with _queue(loaded.dsn, loaded.schema, min_size=1, max_size=1, pooler=params["pooler"]) as q:
         if params["do_migrate"]:
             q.migrate()
+            for where in app.clusters[1:] if app is not None else ():
+                app._queue_at(where).migrate()
+            if app is not None:
+                app.close()
         resolved = q.settings.dsn
     return {
         **params,
@@ -419,6 +432,8 @@ def run_worker(**params: Any) -> int:
     try:
         if params["do_migrate"]:
             q.migrate()
+            for where in app.clusters[1:] if app is not None else ():
+                app._queue_at(where).migrate()  # the app's other clusters (docs/scaling.md)
         if metrics_port is not None:
             from ..metrics import WorkerMetrics
 
@@ -462,6 +477,11 @@ def run_worker(**params: Any) -> int:
             )
         else:
             w = Worker(q, handler, queues=list(queues), periodic=periodic, **options)
+        if params.get("health_fd") is not None and not isinstance(w, Worker):
+            raise ConfigError(
+                "a health port answers for one cluster's worker: run one worker per "
+                "cluster (--queues) to give each a health port"
+            )
         if params.get("health_fd") is not None:
             # A --processes child: it serves on the socket its supervisor made and
             # asks (_supervise.py), not on a port of its own.

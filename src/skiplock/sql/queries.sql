@@ -751,3 +751,10 @@ ORDER BY j.queue, j.task;
 -- see `upkeep()` in the newest of them.
 SELECT action, gen, jobs
 FROM {schema}.upkeep(%(rotate_rows)s, %(rotate_after)s, %(rotate_idle)s, %(batch)s);
+
+-- name: server_identity
+-- Which database a connection is on, for an app whose queues live on several clusters
+-- (docs/scaling.md): the cluster's identifier, fixed at initdb and kept by a streaming
+-- standby promoted in its place, and the database's name within it.
+SELECT system_identifier::text AS cluster, current_database() AS database
+FROM pg_control_system();
