@@ -214,3 +214,24 @@ def test_rate_limit_options_are_checked(dsn: str, schema: str, queue: Queue) -> 
     with pytest.raises(ValueError, match="after cannot be combined with a rate limit"):
         queue.enqueue({}, rate_key="k", rate_every=1.0, after=[parent])
     assert [j["id"] for j in queue.list_jobs()] == [parent]
+
+
+def test_rate_and_concurrency_key_together(queue: Queue, admin: psycopg.Connection[Any]) -> None:
+    """A job with both waits for its slot and for admission: the second job of the key
+    is throttled, and admitted by the first's completion keeps its later slot."""
+    first, second = (
+        queue.enqueue({"n": n}, concurrency_key="c", concurrency=1, rate_key="r", rate_every=30.0)
+        for n in range(2)
+    )
+    assert [j.status for j in (queue.get(first), queue.get(second)) if j] == [
+        "pending",
+        "throttled",
+    ]
+    (job,) = queue.claim(worker="w", limit=5, lease=30)
+    assert job.id == first
+    queue.complete(job)
+    admitted = queue.get(second)
+    assert admitted is not None and admitted.status == "pending"
+    first_at, second_at = _run_ats(admin, queue.schema, [first, second])
+    assert second_at == pytest.approx(first_at + 30.0, abs=1e-6)
+    assert queue.claim(worker="w", limit=5, lease=30) == []  # not before its slot
