@@ -9,6 +9,7 @@ pg_blocking_pids) and get distinct slots; a rolled-back enqueue gives its slot b
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
@@ -235,3 +236,26 @@ def test_rate_and_concurrency_key_together(queue: Queue, admin: psycopg.Connecti
     first_at, second_at = _run_ats(admin, queue.schema, [first, second])
     assert second_at == pytest.approx(first_at + 30.0, abs=1e-6)
     assert queue.claim(worker="w", limit=5, lease=30) == []  # not before its slot
+
+
+def test_async_deferrals_take_slots_too(
+    dsn: str, schema: str, admin: psycopg.Connection[Any]
+) -> None:
+    app = App(dsn, schema=schema, max_size=2)
+    app.queue.migrate()
+    try:
+
+        @app.task(rate_limit="2/s")
+        def ping(n: int) -> None: ...
+
+        async def main() -> list[int]:
+            one = await ping.defer_async(n=0)
+            rest = await ping.defer_many_async([{"n": 1}, {"n": 2}])
+            await app.aclose()
+            return [one, *rest]
+
+        ids = asyncio.run(main())
+        ats = _run_ats(admin, schema, ids)
+        assert [round(b - a, 6) for a, b in itertools.pairwise(ats)] == [0.5, 0.5]
+    finally:
+        app.close()
