@@ -338,6 +338,8 @@ class QueueBase:
         on_conflict: str = "return",
         concurrency_key: str | None = None,
         concurrency: int | None = None,
+        rate_key: str | None = None,
+        rate_every: float | None = None,
     ) -> MakeOp:
         """One job.  ``retryable``: the driver may send it again after a lost reply.
 
@@ -349,6 +351,7 @@ class QueueBase:
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         _check_concurrency(concurrency_key, concurrency)
+        _check_rate(rate_key, rate_every)
         text = _ops.encode_payload(payload, self.settings.max_payload_bytes)
         meta_text = _meta_text(task, meta)
         row: dict[str, Any] = {
@@ -361,6 +364,8 @@ class QueueBase:
             "meta": meta_text,
             "concurrency_key": concurrency_key,
             "concurrency": concurrency,
+            "rate_key": rate_key,
+            "rate_every": None if rate_every is None else float(rate_every),
         }
         held = _ops.Reserved()
         spares = self._spare_ids
@@ -374,7 +379,9 @@ class QueueBase:
             return lambda _after: _ops.enqueue(self._stmts, **row)
         if concurrency_key is not None:
             raise ValueError(_KEYS_TOGETHER)
-        del row["concurrency_key"], row["concurrency"]
+        if rate_key is not None:
+            raise ValueError(_RATE_TOGETHER)
+        del row["concurrency_key"], row["concurrency"], row["rate_key"], row["rate_every"]
         _check_key(idempotency_key)
         seconds = check_unique(unique_for, on_conflict)
         payloads = [row.pop("payload")]
@@ -409,10 +416,12 @@ class QueueBase:
         on_conflict: str = "return",
         concurrency_key: str | Sequence[str | None] | None = None,
         concurrency: int | None = None,
+        rate_key: str | Sequence[str | None] | None = None,
+        rate_every: float | None = None,
     ) -> MakeOp:
         """Many jobs; the ids reserved by the first attempt are kept for the retries.
 
-        ``concurrency_key``: one key for every job, or one (or None) per job.
+        ``concurrency_key``, ``rate_key``: one key for every job, or one (or None) per job.
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
         ckeys: list[str | None] | None
@@ -428,6 +437,19 @@ class QueueBase:
                     _check_concurrency(ck, concurrency)
         if ckeys is not None and idempotency_keys is not None:
             raise ValueError(_KEYS_TOGETHER)
+        rkeys: list[str | None] | None
+        if rate_key is None or isinstance(rate_key, str):
+            _check_rate(rate_key, rate_every)
+            rkeys = None if rate_key is None else [rate_key] * len(payloads)
+        else:
+            rkeys = list(rate_key)
+            if len(rkeys) != len(payloads):
+                raise ValueError(f"{len(payloads)} payloads but {len(rkeys)} rate keys")
+            for rk in rkeys:
+                if rk is not None:
+                    _check_rate(rk, rate_every)
+        if rkeys is not None and idempotency_keys is not None:
+            raise ValueError(_RATE_TOGETHER)
         self._spare_ids.clear()  # ids follow the enqueues: a later one takes newer ids
         meta_text = _meta_text(task, meta)
         limit = self.settings.max_payload_bytes
@@ -465,6 +487,8 @@ class QueueBase:
             on_conflict=on_conflict,
             concurrency_keys=ckeys,
             concurrency=concurrency,
+            rate_keys=rkeys,
+            rate_every=None if rate_every is None else float(rate_every),
         )
 
     def _graph_op(
@@ -843,6 +867,27 @@ def _check_enqueue_options(
 
 # Not yet: the unique-key path (migration 0017) inserts through statements of its own.
 _KEYS_TOGETHER = "concurrency_key cannot be combined with an idempotency key (not built yet)"
+
+
+_RATE_TOGETHER = "a rate limit cannot be combined with an idempotency key (not built yet)"
+
+
+def _check_rate(key: str | None, every: float | None) -> None:
+    """A rate key and its interval come together (migration 0020)."""
+    if key is None:
+        if every is not None:
+            raise ValueError("rate_every needs a rate_key to count jobs by")
+        return
+    if not isinstance(key, str) or not key or len(key) > 500 or "\x00" in key:
+        raise ValueError(
+            f"rate_key must be a non-empty string of at most 500 characters, "
+            f"without NUL, not {key!r:.40}"
+        )
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or not 0 < every < 10**9:
+        raise ValueError(
+            f"rate_every (seconds between two jobs of a key) must be a positive number, "
+            f"not {every!r:.40}"
+        )
 
 
 def _check_concurrency(key: str | None, concurrency: int | None) -> None:

@@ -240,6 +240,10 @@ class _Graph:
 
     def add(self, sig: Signature, incoming: Any) -> int:
         task = sig.task
+        if getattr(task, "rate_every", None) is not None:
+            # A step is released when its parents finish, long after a slot taken at
+            # enqueue: it would run outside its rate (migration 0020).
+            raise ConfigError(f"{task.name}: a rate-limited task cannot be a canvas step (yet)")
         me = len(self.rows)
         parents = _leaves(incoming)
         takes = bool(parents) or isinstance(incoming, list)

@@ -119,6 +119,8 @@ def enqueue(
     meta: str | None = None,
     concurrency_key: str | None = None,
     concurrency: int | None = None,
+    rate_key: str | None = None,
+    rate_every: float | None = None,
 ) -> Op[int]:
     """One unkeyed job in the caller's transaction (nothing is retried there)."""
     params = {
@@ -131,6 +133,8 @@ def enqueue(
         "meta": meta,
         "concurrency_key": concurrency_key,
         "concurrency": concurrency,
+        "rate_key": rate_key,
+        "rate_every": rate_every,
     }
     rows = yield Execute(stmts.enqueue_plain, params)
     return int(rows[0]["id"])
@@ -236,6 +240,8 @@ def enqueue_many(
     on_conflict: str = "return",
     concurrency_keys: Sequence[str | None] | None = None,
     concurrency: int | None = None,
+    rate_keys: Sequence[str | None] | None = None,
+    rate_every: float | None = None,
 ) -> Op[list[int]]:
     """Insert ``payloads`` with ids reserved first; see ``Reserved`` for the retry.
 
@@ -249,6 +255,8 @@ def enqueue_many(
         raise ValueError(f"{n} payloads but {len(keys)} idempotency keys")
     if concurrency_keys is not None and len(concurrency_keys) != n:
         raise ValueError(f"{n} payloads but {len(concurrency_keys)} concurrency keys")
+    if rate_keys is not None and len(rate_keys) != n:
+        raise ValueError(f"{n} payloads but {len(rate_keys)} rate keys")
     held = reserved if reserved is not None else Reserved()
     if keys is not None and any(k is not None for k in keys):
         return (
@@ -289,6 +297,8 @@ def enqueue_many(
                 run_at,
                 concurrency_keys,
                 concurrency,
+                rate_keys,
+                rate_every,
             )
             return ids
         except pgerrors.UniqueViolation as exc:
@@ -408,6 +418,8 @@ def enqueue_one(
     retry: bool = False,
     concurrency_key: str | None = None,
     concurrency: int | None = None,
+    rate_key: str | None = None,
+    rate_every: float | None = None,
 ) -> Op[int]:
     """One unkeyed job under a reserved id, in one round trip once ``spares`` has one.
 
@@ -440,6 +452,8 @@ def enqueue_one(
             "meta": meta,
             "concurrency_key": concurrency_key,
             "concurrency": concurrency,
+            "rate_key": rate_key,
+            "rate_every": rate_every,
             "schema": stmts.schema,
         }
         try:
@@ -501,7 +515,32 @@ def _copy_step(
     run_at: datetime | None,
     concurrency_keys: Sequence[str | None] | None = None,
     concurrency: int | None = None,
+    rate_keys: Sequence[str | None] | None = None,
+    rate_every: float | None = None,
 ) -> Copy:
+    if rate_keys is not None:
+        # Rate-limited jobs (migration 0020) have COPYs of their own: each row takes its
+        # key's next slot in the insert trigger, in row order.
+        ckeys = concurrency_keys if concurrency_keys is not None else [None] * len(ids)
+        rows = [
+            (
+                i,
+                queue,
+                p,
+                priority,
+                max_attempts,
+                task,
+                meta,
+                k,
+                None if k is None else concurrency,
+                rk,
+                None if rk is None else rate_every,
+            )
+            for i, p, k, rk in zip(ids, payloads, ckeys, rate_keys, strict=True)
+        ]
+        if run_at is None:
+            return Copy(stmts.copy_jobs_rate, rows)
+        return Copy(stmts.copy_jobs_rate_at, [(*r, run_at) for r in rows])
     if concurrency_keys is not None:
         # Jobs with concurrency keys (migration 0018) have COPYs of their own, so that
         # jobs without send what they always did.

@@ -375,6 +375,8 @@ class Queue(QueueBase):
         on_parent_failure: str = "cancel",
         concurrency_key: str | None = None,
         concurrency: int | None = None,
+        rate_key: str | None = None,
+        rate_every: float | None = None,
     ) -> int:
         """Add one job and return its id.
 
@@ -401,12 +403,19 @@ class Queue(QueueBase):
         run at once across all workers; the others wait, status ``throttled``,
         unclaimed (docs/workflows.md, "Per-key concurrency").  Not yet with an
         ``idempotency_key`` or ``after``.
+
+        With a ``rate_key`` and ``rate_every`` (seconds), the job takes the next free
+        slot of that key, ``rate_every`` after the key's previous one, and does not
+        run before it (docs/workflows.md, "Per-task rate limits").  Not yet with an
+        ``idempotency_key`` or ``after``.
         """
         if after is not None:
             if idempotency_key is not None:
                 raise ValueError("after cannot be combined with an idempotency_key")
             if concurrency_key is not None:
                 raise ValueError("after cannot be combined with a concurrency_key (not yet)")
+            if rate_key is not None:
+                raise ValueError("after cannot be combined with a rate limit (not yet)")
             make_after = self._after_op(
                 [payload],
                 queue,
@@ -434,6 +443,8 @@ class Queue(QueueBase):
             on_conflict=on_conflict,
             concurrency_key=concurrency_key,
             concurrency=concurrency,
+            rate_key=rate_key,
+            rate_every=rate_every,
         )
         job_id = self._execute(make, conn=conn, what="enqueue")
         return int(job_id)
@@ -456,6 +467,8 @@ class Queue(QueueBase):
         on_parent_failure: str = "cancel",
         concurrency_key: str | Sequence[str | None] | None = None,
         concurrency: int | None = None,
+        rate_key: str | Sequence[str | None] | None = None,
+        rate_every: float | None = None,
     ) -> list[int]:
         """Add many jobs with one COPY; returns their ids in order.
 
@@ -465,13 +478,16 @@ class Queue(QueueBase):
         ``after``, ``on_parent_failure``: as for ``enqueue``; every job of the batch
         waits for every job named (one statement, not a COPY).
         ``concurrency_key``/``concurrency``: as for ``enqueue``; one key for them all, or
-        a sequence of one key (or None) per payload.
+        a sequence of one key (or None) per payload.  ``rate_key``/``rate_every``: the
+        same; the jobs take consecutive slots of their keys, in order, in the one COPY.
         """
         if after is not None:
             if idempotency_keys is not None:
                 raise ValueError("after cannot be combined with idempotency_keys")
             if concurrency_key is not None:
                 raise ValueError("after cannot be combined with a concurrency_key (not yet)")
+            if rate_key is not None:
+                raise ValueError("after cannot be combined with a rate limit (not yet)")
             make_after = self._after_op(
                 payloads,
                 queue,
@@ -497,6 +513,8 @@ class Queue(QueueBase):
             on_conflict=on_conflict,
             concurrency_key=concurrency_key,
             concurrency=concurrency,
+            rate_key=rate_key,
+            rate_every=rate_every,
         )
         ids = self._execute(make, conn=conn, what="enqueue_many")
         return list(ids)

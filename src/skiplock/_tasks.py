@@ -112,6 +112,24 @@ def _is_job(tp: Any) -> bool:
     return tp is Job or tp == "Job" or (isinstance(tp, str) and tp.endswith(".Job"))
 
 
+_RATE_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_rate(rate: Any, where: str) -> float:
+    """``"10/m"`` (jobs per second, minute or hour) as the seconds between two jobs."""
+    text = rate.strip() if isinstance(rate, str) else None
+    count, _, unit = (text or "").partition("/")
+    try:
+        n = float(count)
+    except ValueError:
+        n = 0.0
+    if unit.strip() not in _RATE_PERIODS or not 0 < n < float("inf"):
+        raise ConfigError(
+            f'{where}: rate_limit must be "N/s", "N/m" or "N/h" with N > 0, not {rate!r:.40}'
+        )
+    return _RATE_PERIODS[unit.strip()] / n
+
+
 class Task(Generic[R]):
     """A function registered with ``App.task``; call it directly, or defer it as a job.
 
@@ -142,6 +160,8 @@ class Task(Generic[R]):
         soft_timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: str | Callable[..., str] | None = None,
     ) -> None:
         self.app = app
         self.fn = fn
@@ -200,30 +220,30 @@ class Task(Generic[R]):
         if concurrency_key is None:
             if concurrency is not None:
                 raise ConfigError(f"task {name!r}: concurrency needs a concurrency_key")
-        elif isinstance(concurrency_key, str):
-            # Every field of the template must name an argument: a typo is caught here,
-            # not at the first deferral.
-            for _text, field, _spec, _conv in string.Formatter().parse(concurrency_key):
-                if field is None:
-                    continue
-                root = field.split(".", 1)[0].split("[", 1)[0]
-                if root not in self._signature.parameters:
-                    known = ", ".join(self._signature.parameters) or "no arguments"
-                    raise ConfigError(
-                        f"task {name!r}: concurrency_key {concurrency_key!r} names "
-                        f"{root!r}, not an argument (it takes {known})"
-                    )
-        elif not callable(concurrency_key):
-            raise ConfigError(
-                f"task {name!r}: concurrency_key must be a format string or a callable, "
-                f"not {concurrency_key!r:.40}"
-            )
+        else:
+            self._check_template("concurrency_key", concurrency_key)
         if concurrency_key is not None and (
             type(concurrency) is not int or not 1 <= concurrency <= 2**31 - 1
         ):
             raise ConfigError(
                 f"task {name!r}: concurrency must be a positive integer, not {concurrency!r:.40}"
             )
+        # A rate limit (migration 0020): seconds between two jobs of the task, or of one
+        # rate_limit_key (None: the task's own budget, keyed by its name).
+        self.rate_limit = rate_limit
+        self.rate_limit_key = rate_limit_key
+        self.rate_every: float | None = None
+        if rate_limit is None:
+            if rate_limit_key is not None:
+                raise ConfigError(f"task {name!r}: rate_limit_key needs a rate_limit")
+        else:
+            self.rate_every = parse_rate(rate_limit, f"task {name!r}")
+            if key is not None:
+                raise ConfigError(
+                    f"task {name!r}: rate_limit cannot be combined with key (not built yet)"
+                )
+            if rate_limit_key is not None:
+                self._check_template("rate_limit_key", rate_limit_key)
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.queue!r}>"
@@ -307,15 +327,46 @@ class Task(Generic[R]):
             raise PayloadError(f"{self.name}.defer(): arguments: {exc}") from None
         return out
 
+    def _check_template(self, option: str, template: Any) -> None:
+        """A key option is a format template whose every field names an argument (a
+        typo is caught here, not at the first deferral), or a callable."""
+        if isinstance(template, str):
+            for _text, field, _spec, _conv in string.Formatter().parse(template):
+                if field is None:
+                    continue
+                root = field.split(".", 1)[0].split("[", 1)[0]
+                if root not in self._signature.parameters:
+                    known = ", ".join(self._signature.parameters) or "no arguments"
+                    raise ConfigError(
+                        f"task {self.name!r}: {option} {template!r} names "
+                        f"{root!r}, not an argument (it takes {known})"
+                    )
+        elif not callable(template):
+            raise ConfigError(
+                f"task {self.name!r}: {option} must be a format string or a callable, "
+                f"not {template!r:.40}"
+            )
+
     def key_of(self, payload: Mapping[str, Any]) -> str | None:
         """The concurrency key of a job with this ``payload`` (``encode``'s), or None.
 
         The template is formatted, or the callable called, with the call's arguments by
         name, the function's defaults filled in.
         """
-        ck = self.concurrency_key
-        if ck is None:
+        if self.concurrency_key is None:
             return None
+        return self._render("concurrency_key", self.concurrency_key, payload)
+
+    def rate_key_of(self, payload: Mapping[str, Any]) -> str | None:
+        """The rate key of a job with this ``payload``: its ``rate_limit_key`` rendered
+        as ``key_of`` renders, or ``task:<name>`` without one; None without a limit."""
+        if self.rate_every is None:
+            return None
+        if self.rate_limit_key is None:
+            return f"task:{self.name}"
+        return self._render("rate_limit_key", self.rate_limit_key, payload)
+
+    def _render(self, option: str, ck: Any, payload: Mapping[str, Any]) -> str:
         named = dict(payload)
         for pname, p in self._signature.parameters.items():
             if pname not in named and p.default is not inspect.Parameter.empty:
@@ -324,11 +375,11 @@ class Task(Generic[R]):
             key = ck.format(**named) if isinstance(ck, str) else ck(**named)
         except Exception as exc:
             raise ConfigError(
-                f"{self.name}.defer(): concurrency_key failed: {type(exc).__name__}: {exc}"
+                f"{self.name}.defer(): {option} failed: {type(exc).__name__}: {exc}"
             ) from None
         if not isinstance(key, str) or not key:
             raise ConfigError(
-                f"{self.name}.defer(): concurrency_key gave {key!r:.40}, not a non-empty string"
+                f"{self.name}.defer(): {option} gave {key!r:.40}, not a non-empty string"
             )
         return key
 
@@ -552,6 +603,9 @@ class Deferral:
         if self.task.concurrency_key is not None:
             options["concurrency_key"] = self.task.key_of(payload)
             options["concurrency"] = self.task.concurrency
+        if self.task.rate_every is not None:
+            options["rate_key"] = self.task.rate_key_of(payload)
+            options["rate_every"] = self.task.rate_every
         return payload, {**options, "idempotency_key": key}
 
     def _unkeyed(self) -> dict[str, Any]:
@@ -561,11 +615,15 @@ class Deferral:
         return options
 
     def _keyed(self, payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """The concurrency options of these jobs (none for a task without a key)."""
-        if self.task.concurrency_key is None:
-            return {}
-        keys = [self.task.key_of(p) for p in payloads]
-        return {"concurrency_key": keys, "concurrency": self.task.concurrency}
+        """The concurrency and rate options of these jobs (none for a task without)."""
+        out: dict[str, Any] = {}
+        if self.task.concurrency_key is not None:
+            keys = [self.task.key_of(p) for p in payloads]
+            out.update(concurrency_key=keys, concurrency=self.task.concurrency)
+        if self.task.rate_every is not None:
+            rkeys = [self.task.rate_key_of(p) for p in payloads]
+            out.update(rate_key=rkeys, rate_every=self.task.rate_every)
+        return out
 
     def defer(self, *args: Any, **kwargs: Any) -> int:
         payload, options = self._one(args, kwargs)
@@ -701,6 +759,8 @@ class App:
         soft_timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: str | Callable[..., str] | None = None,
     ) -> Callable[[Callable[..., R]], Task[R]]: ...
 
     def task(
@@ -722,6 +782,8 @@ class App:
         soft_timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency: int | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: str | Callable[..., str] | None = None,
     ) -> Any:
         """Register a ``def`` or ``async def`` function as a task.
 
@@ -746,6 +808,12 @@ class App:
         or a callable taking them by name) with ``concurrency=N`` (default 1): at most N
         jobs of one key run at once across all workers; the others wait unclaimed
         (docs/workflows.md, "Per-key concurrency").  Not together with ``key`` (yet).
+        ``rate_limit`` (``"10/m"``; ``/s``, ``/m``, ``/h``): each deferral takes the next
+        slot of the task's budget, ``1/rate`` after the previous one, as its run_at, so
+        jobs start no faster than the rate and nothing else waits behind them;
+        ``rate_limit_key`` (a template or callable, as ``concurrency_key``) gives each
+        key its own budget (docs/workflows.md, "Per-task rate limits").  Not together
+        with ``key`` or ``after`` (yet).
         """
         if concurrency_key is not None and concurrency is None:
             concurrency = 1
@@ -802,6 +870,8 @@ class App:
                 soft_timeout=soft_timeout,
                 concurrency_key=concurrency_key,
                 concurrency=concurrency,
+                rate_limit=rate_limit,
+                rate_limit_key=rate_limit_key,
             )
             self.tasks[task_name] = t
             return t

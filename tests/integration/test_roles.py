@@ -511,6 +511,24 @@ def test_keyed_jobs_run_under_the_least_privilege_roles(
     assert dict(rows) == {"done": 1, "running": 1, "throttled": 1}
 
 
+def test_rate_limited_jobs_enqueue_under_the_producer_role(
+    pq: Queue, queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """Rate limits (migration 0020) as the producer: it writes the two rate columns, and
+    its insert's trigger (rate_slot, run as the schema's owner) takes the key's slots in
+    rate_limits, which the role cannot write itself."""
+    one = pq.enqueue({"n": 0}, rate_key="api", rate_every=2.0)
+    two, three = pq.enqueue_many([{"n": 1}, {"n": 2}], rate_key="api", rate_every=2.0)
+    rows = admin.execute(
+        sql.SQL(
+            "SELECT extract(epoch FROM run_at - min(run_at) OVER ())::float8 FROM {}.jobs "
+            "WHERE id = ANY(%s) ORDER BY id"
+        ).format(ident(queue.schema)),
+        ([one, two, three],),
+    ).fetchall()
+    assert [r[0] for r in rows] == [0.0, 2.0, 4.0]
+
+
 def test_dependent_jobs_work_under_the_least_privilege_roles(
     pq: Queue, wq: Queue, queue: Queue, admin: psycopg.Connection[Any], roles: Roles
 ) -> None:

@@ -28,6 +28,8 @@ PRODUCER = {
     "copy_jobs_at",
     "copy_jobs_concurrency",
     "copy_jobs_concurrency_at",
+    "copy_jobs_rate",
+    "copy_jobs_rate_at",
     "watch",
     "job_state",
     # jobs with `after` (migration 0016), a SECURITY DEFINER function

@@ -311,12 +311,13 @@ FROM {schema}.enqueue_keyed(%(ids)s::bigint[], %(queue)s::text, %(payloads)s::te
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
 -- A job with a concurrency key (migration 0018) is inserted pending like any other; the
--- jobs_key_hold trigger makes it wait for its key's slot.
+-- jobs_key_hold trigger makes it wait for its key's slot.  A rate-limited one (migration
+-- 0020) takes its key's next slot in the jobs_rate_slot trigger, which sets its run_at.
 INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta,
-                           concurrency_key, concurrency)
+                           concurrency_key, concurrency, rate_key, rate_every)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
         %(max_attempts)s, %(task)s, %(meta)s::jsonb, %(concurrency_key)s,
-        %(concurrency)s::integer)
+        %(concurrency)s::integer, %(rate_key)s, %(rate_every)s::float8)
 RETURNING id;
 
 -- name: enqueue_graph
@@ -360,10 +361,10 @@ FROM generate_series(1, %(n)s);
 -- look for it), which also reserves the id of the next one: the reservation costs no
 -- round trip of its own after a queue's first enqueue.
 INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta,
-                           concurrency_key, concurrency)
+                           concurrency_key, concurrency, rate_key, rate_every)
 VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
         coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb,
-        %(concurrency_key)s, %(concurrency)s::integer)
+        %(concurrency_key)s, %(concurrency)s::integer, %(rate_key)s, %(rate_every)s::float8)
 RETURNING id, nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) AS spare;
 
 -- name: enqueued_ids
@@ -389,6 +390,18 @@ FROM STDIN;
 -- name: copy_jobs_concurrency_at
 COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
                     concurrency, run_at)
+FROM STDIN;
+
+-- name: copy_jobs_rate
+-- enqueue_many's COPY for rate-limited jobs (migration 0020): each row takes its key's
+-- next slot in the jobs_rate_slot trigger, in row order, within this one statement.
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency, rate_key, rate_every)
+FROM STDIN;
+
+-- name: copy_jobs_rate_at
+COPY {schema}.jobs (id, queue, payload, priority, max_attempts, task, meta, concurrency_key,
+                    concurrency, rate_key, rate_every, run_at)
 FROM STDIN;
 
 -- name: get

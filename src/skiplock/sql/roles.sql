@@ -40,7 +40,7 @@ ALTER ROLE {role} PASSWORD {password};
 -- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, task, meta, concurrency_key,
-               concurrency)
+               concurrency, rate_key, rate_every)
     ON {schema}.jobs TO {role};
 GRANT SELECT (id, queue, status, result, last_error, attempts, max_attempts)
     ON {schema}.jobs TO {role};

@@ -3,7 +3,7 @@
 -- (scripts/test fails while this file is not current).
 --
 -- skiplock's schema as a fresh `skiplock migrate` leaves it, through migration
--- 0019_settle_one_statement: tables, partitions, indexes, functions, the trigger and the grants,
+-- 0020_rate_limits: tables, partitions, indexes, functions, the trigger and the grants,
 -- as PostgreSQL 18's pg_dump --schema-only reads them back.  {schema} stands for the
 -- schema's name (default skiplock).  This file is for reading and is never applied: the
 -- migrations in migrations/ create and upgrade a schema.  Comments inside function
@@ -467,6 +467,34 @@ BEGIN
 END
 $$;
 
+-- Name: rate_slot(); Type: FUNCTION
+
+CREATE FUNCTION {schema}.rate_slot() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'pg_temp'
+    AS $$
+DECLARE
+    every interval;
+    slot  timestamptz;
+BEGIN
+    IF NEW.rate_key IS NULL OR NEW.rate_key = '' OR NOT NEW.rate_every > 0
+       OR NEW.rate_every = 'Infinity'::float8 THEN
+        RAISE EXCEPTION 'job % has rate_every % but no rate key, or a rate_every that is not a positive number of seconds',
+            NEW.id, NEW.rate_every;
+    END IF;
+    every := make_interval(secs => NEW.rate_every);
+    INSERT INTO "{schema}".rate_limits AS r (key, next_at)
+    VALUES (NEW.rate_key, now() + every)
+    ON CONFLICT (key) DO UPDATE
+    SET next_at = greatest(r.next_at, now()) + every
+    RETURNING r.next_at - every INTO slot;
+    NEW.run_at := greatest(NEW.run_at, slot);
+    NEW.rate_key := NULL;
+    NEW.rate_every := NULL;
+    RETURN NEW;
+END
+$$;
+
 -- Name: settle(bigint, text, text); Type: FUNCTION
 
 CREATE FUNCTION {schema}.settle(parent_id bigint, parent_status text, channel text) RETURNS void
@@ -879,6 +907,8 @@ CREATE TABLE {schema}.jobs (
     deps_left integer,
     concurrency_key text,
     concurrency integer,
+    rate_key text,
+    rate_every double precision,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -918,6 +948,8 @@ CREATE TABLE {schema}.jobs_g1 (
     deps_left integer,
     concurrency_key text,
     concurrency integer,
+    rate_key text,
+    rate_every double precision,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -957,6 +989,8 @@ CREATE TABLE {schema}.jobs_g2 (
     deps_left integer,
     concurrency_key text,
     concurrency integer,
+    rate_key text,
+    rate_every double precision,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -996,6 +1030,8 @@ CREATE TABLE {schema}.jobs_g3 (
     deps_left integer,
     concurrency_key text,
     concurrency integer,
+    rate_key text,
+    rate_every double precision,
     CONSTRAINT jobs_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT jobs_completions_check CHECK ((completions >= 0)),
     CONSTRAINT jobs_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -1059,6 +1095,13 @@ CREATE TABLE {schema}.queues (
     CONSTRAINT queues_concurrency_limit_check CHECK (((concurrency_limit IS NULL) OR (concurrency_limit > 0))),
     CONSTRAINT queues_rate_burst_check CHECK (((rate_burst IS NULL) OR (rate_burst >= (1)::double precision))),
     CONSTRAINT queues_rate_limit_check CHECK (((rate_limit IS NULL) OR (rate_limit > (0)::double precision)))
+);
+
+-- Name: rate_limits; Type: TABLE
+
+CREATE TABLE {schema}.rate_limits (
+    key text NOT NULL,
+    next_at timestamp with time zone NOT NULL
 );
 
 -- Name: workers; Type: TABLE
@@ -1151,6 +1194,11 @@ ALTER TABLE ONLY {schema}.periodic_ticks
 
 ALTER TABLE ONLY {schema}.queues
     ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+-- Name: rate_limits rate_limits_pkey; Type: CONSTRAINT
+
+ALTER TABLE ONLY {schema}.rate_limits
+    ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (key);
 
 -- Name: workers workers_pkey; Type: CONSTRAINT
 
@@ -1337,6 +1385,10 @@ CREATE TRIGGER jobs_key_hold BEFORE INSERT ON {schema}.jobs FOR EACH ROW WHEN ((
 -- Name: jobs jobs_notify_enqueued; Type: TRIGGER
 
 CREATE TRIGGER jobs_notify_enqueued AFTER INSERT ON {schema}.jobs REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_enqueued('skiplock_{schema}');
+
+-- Name: jobs jobs_rate_slot; Type: TRIGGER
+
+CREATE TRIGGER jobs_rate_slot BEFORE INSERT ON {schema}.jobs FOR EACH ROW WHEN ((new.rate_every IS NOT NULL)) EXECUTE FUNCTION {schema}.rate_slot();
 
 -- Name: jobs jobs_settle; Type: TRIGGER
 
