@@ -136,7 +136,8 @@ def enqueue(
         "rate_key": rate_key,
         "rate_every": rate_every,
     }
-    rows = yield Execute(stmts.enqueue_plain, params)
+    limited = concurrency_key is not None or rate_key is not None
+    rows = yield Execute(stmts.enqueue_plain_limited if limited else stmts.enqueue_plain, params)
     return int(rows[0]["id"])
 
 
@@ -457,7 +458,10 @@ def enqueue_one(
             "schema": stmts.schema,
         }
         try:
-            rows = yield Execute(stmts.enqueue_one, params)
+            limited = concurrency_key is not None or rate_key is not None
+            rows = yield Execute(
+                stmts.enqueue_one_limited if limited else stmts.enqueue_one, params
+            )
         except pgerrors.UniqueViolation as exc:
             if not _is_id_collision(exc):
                 raise

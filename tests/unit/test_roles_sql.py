@@ -21,8 +21,10 @@ from skiplock._sql import statements
 PRODUCER = {
     "enqueue_keyed",
     "enqueue_plain",
+    "enqueue_plain_limited",
     "enqueued_ids",
     "enqueue_one",
+    "enqueue_one_limited",
     "reserve_ids",
     "copy_jobs",
     "copy_jobs_at",

@@ -310,9 +310,17 @@ FROM {schema}.enqueue_keyed(%(ids)s::bigint[], %(queue)s::text, %(payloads)s::te
 
 -- name: enqueue_plain
 -- Without a key, in the caller's transaction (nothing is retried, so no id is reserved).
--- A job with a concurrency key (migration 0018) is inserted pending like any other; the
--- jobs_key_hold trigger makes it wait for its key's slot.  A rate-limited one (migration
--- 0020) takes its key's next slot in the jobs_rate_slot trigger, which sets its run_at.
+-- The columns of migration 0007's jobs: a producer running this code can enqueue into a
+-- schema that a rolling deploy has not migrated further yet.
+INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta)
+VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
+        %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+RETURNING id;
+
+-- name: enqueue_plain_limited
+-- enqueue_plain for a job with a concurrency key (migration 0018: inserted pending, the
+-- jobs_key_hold trigger makes it wait for its key's slot) or a rate limit (migration
+-- 0020: the jobs_rate_slot trigger takes its key's next slot and sets its run_at).
 INSERT INTO {schema}.jobs (queue, payload, priority, run_at, max_attempts, task, meta,
                            concurrency_key, concurrency, rate_key, rate_every)
 VALUES (%(queue)s, %(payload)s::jsonb, %(priority)s, coalesce(%(run_at)s::timestamptz, now()),
@@ -359,7 +367,15 @@ FROM generate_series(1, %(n)s);
 -- name: enqueue_one
 -- An unkeyed enqueue under an id reserved beforehand (so a retry after a lost reply can
 -- look for it), which also reserves the id of the next one: the reservation costs no
--- round trip of its own after a queue's first enqueue.
+-- round trip of its own after a queue's first enqueue.  Migration 0007's columns, as
+-- enqueue_plain.
+INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta)
+VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
+        coalesce(%(run_at)s::timestamptz, now()), %(max_attempts)s, %(task)s, %(meta)s::jsonb)
+RETURNING id, nextval(pg_get_serial_sequence(format('%%I.jobs', %(schema)s::text), 'id')) AS spare;
+
+-- name: enqueue_one_limited
+-- enqueue_one for a job with a concurrency key or a rate limit (see enqueue_plain_limited).
 INSERT INTO {schema}.jobs (id, queue, payload, priority, run_at, max_attempts, task, meta,
                            concurrency_key, concurrency, rate_key, rate_every)
 VALUES (%(id)s, %(queue)s, %(payload)s::jsonb, %(priority)s,
