@@ -11,8 +11,6 @@ the check that a transactional deferral's connection is on its queue's database.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 from ._errors import ConfigError
 from ._sql import statements
 from ._worker import Worker
-from ._workerbase import WorkerStats
+from ._workerbase import WorkerStats, stop_on_signals
 
 __all__ = ["ClusterWorkers", "check_same_database"]
 
@@ -142,21 +140,4 @@ class ClusterWorkers:
     def handle_signals(self, what: str = "jobs") -> None:
         """As ``Worker.handle_signals``: the first SIGTERM/SIGINT stops every worker
         gracefully, a second exits at once (their leases run out; the jobs run again)."""
-        count = 0
-
-        def on_signal(signum: int, _frame: object) -> None:
-            nonlocal count
-            count += 1
-            if count == 1:
-                logger.info(
-                    "%s: finishing running %s (up to %gs); signal again to exit now",
-                    signal.Signals(signum).name,
-                    what,
-                    self.shutdown_grace,
-                )
-                self.stop()
-            else:
-                os._exit(128 + signum)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop_on_signals(self.stop, self.shutdown_grace, what)

@@ -25,6 +25,7 @@ __all__ = [
     "HandlerPool",
     "Outcome",
     "RunTime",
+    "SlotBook",
     "contained",
     "failed_outcome",
     "load_handler",
@@ -277,7 +278,39 @@ class _Running:
 VANISHED = Outcome("retry", "the handler's thread ended without an outcome")
 
 
-class HandlerPool:
+class SlotBook:
+    """What a pool of handler slots keeps of the jobs it was given, shared by the thread
+    pool and the process pool: the queue of jobs no slot has started, and the job each
+    slot runs with the thread that runs it (the watchdog's view)."""
+
+    _lock: threading.Lock
+    _running: dict[Attempt, Any]  # each with .job and .thread
+    _tasks: SimpleQueue[Job | None]
+
+    def dead(self) -> set[Attempt]:
+        """The attempts whose slot thread is gone without an outcome (not reaped yet):
+        no heartbeat may keep their leases."""
+        with self._lock:
+            return {a for a, r in self._running.items() if not r.thread.is_alive()}
+
+    def drain_unstarted(self) -> list[Job]:
+        """Take back the jobs no slot has started (for release at shutdown)."""
+        out: list[Job] = []
+        while True:
+            try:
+                job = self._tasks.get_nowait()
+            except Empty:
+                break
+            if job is not None:
+                out.append(job)
+        return out
+
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return [r.job for r in self._running.values()]
+
+
+class HandlerPool(SlotBook):
     """A fixed number of handler threads; a thread whose job timed out is abandoned.
 
     Python cannot kill a thread.  When a sync handler overruns its timeout, its job is
@@ -377,28 +410,6 @@ class HandlerPool:
             if expired or vanished:
                 self._idle.notify_all()
         return expired, vanished
-
-    def dead(self) -> set[Attempt]:
-        """The attempts whose handler thread is gone without an outcome (not reaped yet):
-        no heartbeat may keep their leases."""
-        with self._lock:
-            return {a for a, r in self._running.items() if not r.thread.is_alive()}
-
-    def drain_unstarted(self) -> list[Job]:
-        """Take back the jobs no thread has started (for release at shutdown)."""
-        out: list[Job] = []
-        while True:
-            try:
-                job = self._tasks.get_nowait()
-            except Empty:
-                break
-            if job is not None:
-                out.append(job)
-        return out
-
-    def running_jobs(self) -> list[Job]:
-        with self._lock:
-            return [r.job for r in self._running.values()]
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no handler runs (queued ones are not counted); False on timeout."""

@@ -34,11 +34,20 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from types import FrameType
 
 from ._errors import ConfigError, SoftTimeLimitExceeded
-from ._handlers import CANCELLED, Handler, Outcome, RunTime, _trim, failed_outcome, run_handler
+from ._handlers import (
+    CANCELLED,
+    Handler,
+    Outcome,
+    RunTime,
+    SlotBook,
+    _trim,
+    failed_outcome,
+    run_handler,
+)
 from ._job import Attempt, Job
 
 __all__ = ["ProcessPool", "check_picklable"]
@@ -241,7 +250,7 @@ class _Running:
     abandoned: bool = False
 
 
-class ProcessPool:
+class ProcessPool(SlotBook):
     """``size`` slots, each a thread of the parent with a child process of its own.
 
     The same surface as ``HandlerPool`` (``submit``, ``reap``, ``dead``,
@@ -469,27 +478,6 @@ class ProcessPool:
         t = threading.Thread(target=self._loop, args=(None,), name=gone.name, daemon=True)
         self._threads.append(t)
         t.start()
-
-    def dead(self) -> set[Attempt]:
-        """The attempts whose slot thread is gone without an outcome (not reaped yet)."""
-        with self._lock:
-            return {a for a, r in self._running.items() if not r.thread.is_alive()}
-
-    def drain_unstarted(self) -> list[Job]:
-        """Take back the jobs no slot has started (for release at shutdown)."""
-        out: list[Job] = []
-        while True:
-            try:
-                job = self._tasks.get_nowait()
-            except Empty:
-                break
-            if job is not None:
-                out.append(job)
-        return out
-
-    def running_jobs(self) -> list[Job]:
-        with self._lock:
-            return [r.job for r in self._running.values()]
 
     def child_pids(self) -> list[int]:
         """The pids of the children now running a job (for tests and tools)."""

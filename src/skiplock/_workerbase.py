@@ -41,6 +41,7 @@ __all__ = [
     "error_summary",
     "log_job",
     "one_line",
+    "stop_on_signals",
 ]
 
 logger = logging.getLogger("skiplock.worker")
@@ -80,6 +81,32 @@ class WorkerStats:
     def snapshot(self) -> dict[str, int]:
         with self.lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
+
+
+def stop_on_signals(stop: Callable[[], None], grace: float, what: str = "jobs") -> None:
+    """Call ``stop`` on the first SIGTERM or SIGINT; exit the process on a second.
+
+    The worker's own signals never raise in a handler (no KeyboardInterrupt), so any
+    that a handler sees is the handler's (``failed_outcome``).
+    """
+    count = 0
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            logger.info(
+                "%s: finishing running %s (up to %gs); signal again to exit now",
+                signal.Signals(signum).name,
+                what,
+                grace,
+            )
+            stop()
+        else:
+            os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 def default_worker_name() -> str:
@@ -390,24 +417,7 @@ class WorkerBase:
         leases of the jobs still held run out (or its session's mark goes with it) and
         another worker runs them again.
         """
-        count = 0
-
-        def on_signal(signum: int, _frame: object) -> None:
-            nonlocal count
-            count += 1
-            if count == 1:
-                logger.info(
-                    "%s: finishing running %s (up to %gs); signal again to exit now",
-                    signal.Signals(signum).name,
-                    what,
-                    self.shutdown_grace,
-                )
-                self.stop()
-            else:
-                os._exit(128 + signum)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop_on_signals(self.stop, self.shutdown_grace, what)
 
     # -- health: /livez and /readyz (_health.py) ----------------------------------------
 
