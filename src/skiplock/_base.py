@@ -424,30 +424,12 @@ class QueueBase:
         ``concurrency_key``, ``rate_key``: one key for every job, or one (or None) per job.
         """
         _check_enqueue_options(queue, priority, run_at, max_attempts)
-        ckeys: list[str | None] | None
-        if concurrency_key is None or isinstance(concurrency_key, str):
-            _check_concurrency(concurrency_key, concurrency)
-            ckeys = None if concurrency_key is None else [concurrency_key] * len(payloads)
-        else:
-            ckeys = list(concurrency_key)
-            if len(ckeys) != len(payloads):
-                raise ValueError(f"{len(payloads)} payloads but {len(ckeys)} concurrency keys")
-            for ck in ckeys:
-                if ck is not None:
-                    _check_concurrency(ck, concurrency)
+        ckeys = _per_job(
+            "concurrency", concurrency_key, len(payloads), concurrency, _check_concurrency
+        )
         if ckeys is not None and idempotency_keys is not None:
             raise ValueError(_KEYS_TOGETHER)
-        rkeys: list[str | None] | None
-        if rate_key is None or isinstance(rate_key, str):
-            _check_rate(rate_key, rate_every)
-            rkeys = None if rate_key is None else [rate_key] * len(payloads)
-        else:
-            rkeys = list(rate_key)
-            if len(rkeys) != len(payloads):
-                raise ValueError(f"{len(payloads)} payloads but {len(rkeys)} rate keys")
-            for rk in rkeys:
-                if rk is not None:
-                    _check_rate(rk, rate_every)
+        rkeys = _per_job("rate", rate_key, len(payloads), rate_every, _check_rate)
         if rkeys is not None and idempotency_keys is not None:
             raise ValueError(_RATE_TOGETHER)
         self._spare_ids.clear()  # ids follow the enqueues: a later one takes newer ids
@@ -870,6 +852,27 @@ _KEYS_TOGETHER = "concurrency_key cannot be combined with an idempotency key (no
 
 
 _RATE_TOGETHER = "a rate limit cannot be combined with an idempotency key (not built yet)"
+
+
+def _per_job(
+    what: str,
+    key: str | Sequence[str | None] | None,
+    n: int,
+    limit: Any,
+    check: Callable[[str | None, Any], None],
+) -> list[str | None] | None:
+    """A batch's concurrency or rate keys, one per job: ``key`` for every job, or one
+    (or None) each; each key checked with its limit by ``check``."""
+    if key is None or isinstance(key, str):
+        check(key, limit)
+        return None if key is None else [key] * n
+    keys = list(key)
+    if len(keys) != n:
+        raise ValueError(f"{n} payloads but {len(keys)} {what} keys")
+    for k in keys:
+        if k is not None:
+            check(k, limit)
+    return keys
 
 
 def _check_rate(key: str | None, every: float | None) -> None:

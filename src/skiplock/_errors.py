@@ -20,6 +20,15 @@ __all__ = [
 ]
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's first line, for a log line or a status (its class if it says nothing).
+
+    Not in ``__all__``: the core's modules share it; the public names are the errors.
+    """
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class SkiplockError(Exception):
     """Base class of skiplock's own errors; their message is meant for a user, one line."""
 

@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 
 from ._base import QueueSettings
-from ._errors import ConfigError
+from ._errors import ConfigError, one_line
 from ._lane import Lane
 from ._migrate import applied_versions
 from ._sql import migrations
@@ -92,11 +92,6 @@ class Steps:
             for loop, began in list(self._began.items())
             if began is not None and now - began > bound
         }
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def schema_problem(schema: str, applied: set[int]) -> str | None:
@@ -169,9 +164,9 @@ class _Readiness:
                 ).fetchone()
                 applied = applied_versions(conn, self.schema)
         except psycopg.OperationalError as exc:
-            return False, {"reason": f"database unreachable: {_one_line(exc)}"}
+            return False, {"reason": f"database unreachable: {one_line(exc)}"}
         except psycopg.Error as exc:
-            return False, {"reason": f"database check failed: {_one_line(exc)}"}
+            return False, {"reason": f"database check failed: {one_line(exc)}"}
         if row is not None and (row[0] or row[1] == "on"):
             reason = "the server is read-only (a standby): workers need the primary"
             return False, {"reason": reason}

@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ._config import validate_schema
-from ._errors import ConfigError, DatabaseUnavailable, SkiplockError
+from ._errors import ConfigError, DatabaseUnavailable, SkiplockError, one_line
 from ._sql import _read, parse_named
 
 __all__ = ["AuditSpec", "Check", "Report", "parse_window", "verify"]
@@ -218,15 +218,10 @@ def verify(
     except pgerrors.InsufficientPrivilege as exc:
         raise ConfigError(f"verify {step}: {exc.diag.message_primary or exc}") from None
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailable(f"verify {step}: {_one_line(exc)}") from None
+        raise DatabaseUnavailable(f"verify {step}: {one_line(exc)}") from None
     except psycopg.Error as exc:
-        raise SkiplockError(f"verify {step}: {_one_line(exc)}") from None
+        raise SkiplockError(f"verify {step}: {one_line(exc)}") from None
     return Report(schema=schema, dsn=dsn_shown, checks=checks)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _rows(

@@ -24,7 +24,7 @@ from ._base import MakeOp, QueueBase, QueueSettings, _clamp_delay
 from ._config import validate_queue
 from ._control import error_line
 from ._cursor import ClaimCursor, SweepCursor
-from ._errors import ConfigError, SkiplockError
+from ._errors import ConfigError, SkiplockError, one_line
 from ._handlers import CANCELLED, Handler, Outcome
 from ._health import DEFAULT_HOST, DEFAULT_STALL, HealthServer, Steps
 from ._job import Attempt, Job
@@ -111,11 +111,6 @@ def stop_on_signals(stop: Callable[[], None], grace: float, what: str = "jobs") 
 
 def default_worker_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def error_summary(error: str | None) -> str | None:
