@@ -884,7 +884,8 @@ class Queue(QueueBase):
         """Run failed or cancelled jobs again: an operator's retry, by id.
 
         Each job becomes pending again, due at once, with ``attempts`` 0: a fresh budget
-        of its ``max_attempts``.  ``last_error`` is kept until the next attempt writes
+        of its ``max_attempts`` (a job with a concurrency key waits ``throttled`` for a
+        free slot of its key first, as a new one would).  ``last_error`` is kept until the next attempt writes
         its own; ``finished_at``, ``started_at``, ``worker``, ``result`` and a cancel
         request are cleared.  The job keeps its id, payload, priority and idempotency
         key: no new job is made.  A job that is pending, running or done is refused and

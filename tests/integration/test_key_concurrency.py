@@ -300,3 +300,35 @@ def test_a_requeue_from_its_day_waits_for_a_slot(
     (job,) = queue.claim(worker="w", limit=5, lease=30)
     queue.complete(job)
     assert _states(admin, queue, key) == {"done": [later], "pending": [first]}
+
+
+def test_a_retried_failed_job_waits_for_its_keys_slot(
+    queue: Queue, admin: psycopg.Connection[Any]
+) -> None:
+    """``retry_jobs`` of a keyed job goes through admission as a requeue does: while
+    another job of its key holds the only slot, the retried one waits throttled, and is
+    admitted by the write that ends the holder.  (It was made pending at once, so two
+    jobs of a limit-1 key could run together.)"""
+    key = "c1"
+    first, second = (
+        queue.enqueue({"n": n}, concurrency_key=key, concurrency=1, max_attempts=1)
+        for n in range(2)
+    )
+    (job,) = queue.claim(worker="w", limit=5, lease=30)
+    assert job.id == first
+    queue.fail(job, "boom", retry=True)
+    assert _states(admin, queue, key) == {"failed": [first], "pending": [second]}
+
+    report = queue.retry_jobs([first])
+    assert report.retried == (first,)
+    assert _states(admin, queue, key) == {"pending": [second], "throttled": [first]}
+    (job,) = queue.claim(worker="w", limit=5, lease=30)
+    assert job.id == second
+    queue.complete(job)
+    assert _states(admin, queue, key) == {"done": [second], "pending": [first]}
+
+    # With its slot free, a retried job is admitted at once.
+    (job,) = queue.claim(worker="w", limit=5, lease=30)
+    queue.fail(job, "boom again", retry=True)
+    queue.retry_jobs([first])
+    assert _states(admin, queue, key) == {"done": [second], "pending": [first]}

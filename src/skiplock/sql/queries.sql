@@ -591,9 +591,12 @@ ORDER BY id;
 -- partition) fails with a serialization error and is run again by the caller.
 -- Ids not retried come back with the status this statement's snapshot saw (NULL: no
 -- such job); one the snapshot saw failed was moved meanwhile, and is asked again.
+-- A job with a concurrency key waits for a slot again, as with requeue (migration
+-- 0018's triggers admit it at once if its key has one free).
 WITH retried AS (
     UPDATE {schema}.jobs AS j
-    SET status = 'pending', run_at = now(), attempts = 0, finished_at = NULL,
+    SET status = CASE WHEN j.concurrency_key IS NULL THEN 'pending' ELSE 'throttled' END,
+        run_at = now(), attempts = 0, finished_at = NULL,
         started_at = NULL, worker = NULL, locked_until = NULL, cancel_requested = false,
         result = NULL,
         part = pg_sequence_last_value(format('%%I.jobs_gen', %(schema)s::text)::regclass)::integer
