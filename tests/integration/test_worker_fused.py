@@ -287,11 +287,16 @@ def test_the_cli_flag_reaches_the_worker(
     cmd += ["--handler", "control_handlers:noop", "--concurrency", "4", "--no-migrate"]
     cmd += ["--name", f"cli-{flag}", *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    drained = True
     try:
         wait_until(lambda: counts(queue).get("done", 0) == n, what="drain", timeout=60)
+    except AssertionError:
+        drained = False
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)
+    # The worker's own log says why, if it did not drain.
+    assert drained, f"{counts(queue)} after 60 s; the worker said:\n{err.decode()[-4000:]}"
     assert proc.returncode == 0, err.decode()
     started, finished = _stamps(admin, queue.schema)
     shared = set(started.values()) & set(finished.values())
