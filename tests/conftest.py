@@ -41,6 +41,17 @@ ONE_SERVER: dict[str, str] = {
 }
 
 
+# Modules whose assertions time short intervals on a live worker, with what they time.
+# scripts/test runs the rest in several pytest processes at once (pytest-xdist) and
+# these after them, alone (marker ``alone``): beside three other test processes on two
+# cores, a 0.2 s bound measures the machine, not skiplock.
+ALONE: dict[str, str] = {
+    "test_liveness": "a reset worker's mark is back within 0.2 s (median) and the grace",
+    "test_process_pool": "a killed child's CPU time stops growing within a few seconds",
+    "test_process_pool_cli": "a timed-out task's process burns no more CPU after the kill",
+    "test_health": "a stalled connection is noticed within --health-stall",
+}
+
 INTEGRATION = Path(__file__).parent / "integration"
 
 
@@ -48,6 +59,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.parent == INTEGRATION and item.path.stem not in ONE_SERVER:
             item.add_marker(pytest.mark.server)
+        if item.path.stem in ALONE:
+            item.add_marker(pytest.mark.alone)
 
 
 @pytest.fixture(scope="session")
