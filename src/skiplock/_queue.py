@@ -885,11 +885,12 @@ class Queue(QueueBase):
 
         Each job becomes pending again, due at once, with ``attempts`` 0: a fresh budget
         of its ``max_attempts`` (a job with a concurrency key waits ``throttled`` for a
-        free slot of its key first, as a new one would).  ``last_error`` is kept until the next attempt writes
-        its own; ``finished_at``, ``started_at``, ``worker``, ``result`` and a cancel
-        request are cleared.  The job keeps its id, payload, priority and idempotency
-        key: no new job is made.  A job that is pending, running or done is refused and
-        left as it is, and so is an unknown id; ``RetryReport.refused`` says why, per id.
+        free slot of its key first, as a new one would).  ``last_error`` is kept until
+        the next attempt writes its own; ``finished_at``, ``started_at``, ``worker``,
+        ``result`` and a cancel request are cleared.  The job keeps its id, payload,
+        priority and idempotency key: no new job is made.  A job that is pending,
+        running or done is refused and left as it is, and so is an unknown id;
+        ``RetryReport.refused`` says why, per id.
         A retry racing another retry or a worker is safe: the status is checked on the
         locked row, so a job is retried once and claimed once.
         """
