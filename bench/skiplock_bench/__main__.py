@@ -54,6 +54,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("keys", "per-key concurrency: the limit held, throughput, fairness"),
     "pool-cost": ("pool_cost", "the process pool's cost per job against threads"),
     "workflows": ("workflows", "a wide chord and a long chain against plain jobs"),
+    "retry-failed": ("retry_failed", "finding and retrying failed jobs beside done ones"),
+    "trigger-cost": ("trigger_cost", "migration 0016's status trigger, per row, server-side"),
 }
 
 # name: (sizes, rounds, pickup samples, single enqueues, pgbench jobs, claim pending small/big,

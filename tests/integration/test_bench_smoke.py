@@ -75,6 +75,8 @@ SUBCOMMANDS = [
     (["pool-cost", "1", "40", "20", "2"], "start of 2 handlers, process"),
     (["held-claims", "--fresh", "12", "--held", "12", "--rate", "50"], "claim p99 held / fresh"),
     (["workflows", "30", "5", "1"], "callback ran once"),
+    (["retry-failed", "--failed", "20", "--done", "0", "50"], "retry_failed 20 in"),
+    (["trigger-cost", "200", "2"], "with / without per round: "),
     (
         [
             "keys",
