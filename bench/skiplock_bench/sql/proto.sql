@@ -122,16 +122,14 @@ SELECT d.id, d.queue, d.task, g.current
 FROM d, {schema}.gen_state AS g;
 
 -- name: claim
--- One statement.  picked locks rows in claim order over every generation (a Merge
--- Append of the partitions' claim indexes) and skips rows another claimer holds; taken
--- deletes exactly the versions picked locked (tableoid and ctid: a ctid is unique only
--- in its partition); leased inserts their leases, each with a fresh token, into the
--- current generation.  A version can be deleted once: a concurrent claimer skipped it
--- while we held it and finds it gone after we commit, so claimed sets stay disjoint, and
--- a job is in ready or in leases, never both, in every committed state.  taken is a
--- TID scan of the picked ctids in each partition, kept to the picked (partition, ctid)
--- pairs by the filter: written as a join (USING picked), the planner's generic plan
--- (LIMIT unknown, 2,000 rows guessed) hashed a sequential scan of the whole table.
+-- picked locks rows in claim order over every generation and skips rows another
+-- claimer holds; taken deletes exactly the versions picked locked (tableoid and ctid: a
+-- ctid is unique only in its partition); leased inserts their leases, each with a fresh
+-- token, into the current generation.  A version is deleted once: a claimer that
+-- skipped it finds it gone after we commit, so claimed sets stay disjoint and a job is
+-- in ready or in leases, never both.  taken filters TID scans by the picked pairs: as a
+-- join, the generic plan (LIMIT unknown, 2,000 rows guessed) hashed the whole table.
+-- Decision 0001; bench/README.md, "Prototype storage".
 WITH picked AS MATERIALIZED (
     SELECT tableoid AS part, ctid, id
     FROM {schema}.ready
@@ -161,9 +159,9 @@ SELECT l.id, l.token AS lease_token, l.attempts, d.task, d.payload, d.meta,
 FROM leased AS l
 CROSS JOIN LATERAL (
     -- by key, one row each: a plain join was planned as a hash join over a sequential
-    -- scan of job_data (6 ms a claim at 20,000 rows); the LIMIT keeps the subquery
-    -- from being flattened, so it is an index probe per claimed row, and run-time
-    -- pruning reads one partition
+    -- scan of job_data (decision 0001); the LIMIT keeps the subquery from being
+    -- flattened, so it is an index probe per claimed row, and run-time pruning reads
+    -- one partition
     SELECT j.task, j.payload, j.meta, j.max_attempts
     FROM {schema}.job_data AS j
     WHERE j.id = l.id

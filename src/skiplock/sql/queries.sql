@@ -1,53 +1,21 @@
--- skiplock's named statements.  Each block starts with "-- name: <name>"; the loader in
--- _sql.py splits on those headers.  {schema} is filled with a quoted identifier and
--- {channel} with the schema's NOTIFY channel as a literal, by psycopg.sql; every value
--- is a bound parameter.
---
--- The correctness argument lives in three statements: `claim` (who may take a job),
--- the fence clause shared by `complete`, `fail`, `heartbeat` and `release` (who may
--- write to a taken job), and `sweep` (when a taken job is given back).
---
--- Since migration 0009, `jobs` is partitioned by `part`: pending and running jobs live
--- in rotating generations (part < 1000000), finished ones in days.  Those three
--- statements update rows in place and never move one; they say `part < 1000000` only
--- so that no plan includes a day.  Rows move in upkeep() (0009: finished and delayed
--- jobs, never one a claim, a fenced write or a sweep may take) and in `requeue`.
+-- skiplock's named statements, split by _sql.py on their "-- name: <name>" lines.
+-- {schema} is a quoted identifier and {channel} the schema's NOTIFY channel as a
+-- literal, both filled by psycopg.sql; every value is a bound parameter.
+-- The correctness argument lives in `claim`, the fence shared by `complete`, `fail`,
+-- `heartbeat` and `release`, and `sweep`.  `jobs` is partitioned: they update rows in
+-- place in the generations and say `part < 1000000` only so that no plan includes a
+-- day.  Rows move in upkeep() (never one those may take), `requeue` and `retry_jobs`.
+-- docs/architecture.md, "The three statements that carry the argument" and "Storage".
 
 -- name: claim
--- One statement.  The pick locks candidate rows and skips rows another claimer holds,
--- so concurrent claimers get disjoint sets without waiting: it is the function
--- `claimable` (migration 0010), a SELECT ... ORDER BY priority, run_at, id LIMIT ...
--- FOR UPDATE SKIP LOCKED over the generations' pending jobs, in a function so that it
--- is planned with enable_sort off and reads the claimable indexes in order instead of
--- sorting the whole backlog when the statistics are stale (see the migration).
--- MATERIALIZED runs the pick once, before the UPDATE.  The UPDATE re-checks status on
--- the target row itself: that is the check the postmortem's subquery claim lacked.
--- The fresh lease_token is the fence for every later write.
--- The queue's row in `queues` (if any) is read first: a paused queue gives nothing,
--- and a limited one gives nothing here either but says so (queue_limited), and the
--- caller takes the locked path, `claim_limited`.  The row is read as it is (zero or one
--- row, no aggregate) and the FULL JOIN returns it alone when nothing was claimed; a
--- queue without a row and nothing claimed returns no row at all.  (An aggregate over
--- the lookup and a LEFT JOIN from it cost the claim a seventh of its server time and
--- an idle poll a fifth of its rate: bench/README.md, sqlcmp.)
--- The scan may start at a position in claim order (from_*; all NULL: the head).  A
--- worker passes where its last claim ended: the index entries before it are jobs
--- already taken, and while a transaction holds back xmin (or nothing has vacuumed a
--- long history) each costs a heap visit to every claim that walks past it, so a claim
--- from the head grows with the history instead of with the batch.  Which jobs a claim
--- may take does not depend on it, only how soon one that sorts before the position is
--- seen: the worker claims from the head again after 20 times that claim's own duration
--- (every 50 ms on a clean table, at most every 10 s: _cursor.py).
--- `tasks` (NULL: any) limits the claim to the tasks this worker knows: a job for a task
--- it does not know is not taken, so it is not failed and not charged an attempt; it
--- stays pending for a worker that knows it (migration 0007, a rolling deploy).
--- The UPDATE finds each picked row by its ctid, the version the pick locked (nobody can
--- change it while we hold the lock): by id alone, the planner trusted a stale estimate
--- of one pending row and scanned jobs_claimable_idx for every picked row, 72 ms a claim
--- after a million-job history (0.46 ms by ctid).  A picked row updated by another
--- transaction after our snapshot is not found by ctid and simply not claimed this time;
--- so is a row the pick (a function, with a snapshot a little later than ours) locked in
--- a version our snapshot cannot see.
+-- The pick, claimable(), locks rows in claim order FOR UPDATE SKIP LOCKED, so
+-- concurrent claimers take disjoint sets without waiting.  The UPDATE finds each by the
+-- version locked (ctid) and re-checks status on the row itself: the check the
+-- postmortem's subquery claim lacked.  The fresh lease_token fences every later write.
+-- A paused or limited queue claims nothing here (a limited one says queue_limited: the
+-- caller takes `claim_limited`).  from_* (where the worker's last claim ended) and
+-- `tasks` change where the scan starts and what it may take, never exactly-once.
+-- docs/architecture.md, "The claim: who may take a job"; decisions 0005 and 0015.
 WITH cfg AS MATERIALIZED (
     SELECT q.paused OR q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS stop,
            q.concurrency_limit IS NOT NULL OR q.rate_limit IS NOT NULL AS limited,
@@ -93,16 +61,14 @@ FROM claimed FULL JOIN cfg ON true;
 SELECT name FROM {schema}.queues WHERE name = %(queue)s FOR NO KEY UPDATE;
 
 -- name: claim_limited
--- Like `claim` (the same pick, `claimable`), for a queue with a concurrency or rate
--- limit, run after `lock_queue` in the same transaction.  It takes at most: the
--- concurrency limit minus the queue's running jobs, and the whole tokens of the rate
--- bucket (refilled at rate_limit per second up to rate_burst, default one second's
--- worth and at least 1); then it spends the tokens it used.  Sub-statements share one
--- snapshot (the pick's own is a little later, and takes at most what `allowed` says),
--- and the queue row is ours.
--- Times are statement_timestamp(), not now(): now() is when the transaction began,
--- before the wait for the queue row, and the bucket must refill by the time that
--- actually passed between turns.
+-- Like `claim` (the same pick), for a queue with a concurrency or rate limit, run after
+-- `lock_queue` in the same transaction: the queue row is ours, and this new snapshot
+-- counts every earlier claim among the running jobs.  The pick takes at most `allowed`:
+-- the limit minus those jobs, and the rate bucket's whole tokens (refilled at
+-- rate_limit a second up to rate_burst, default max(rate_limit, 1)), then spends them.
+-- Times are statement_timestamp(): now() is from before the wait for the queue row,
+-- and the bucket must refill by the time that really passed between turns.
+-- docs/control.md, "Limits"; docs/architecture.md, "The claim: who may take a job".
 WITH cfg AS MATERIALIZED (
     SELECT q.paused, q.concurrency_limit, q.rate_limit, q.store_results,
            CASE WHEN q.rate_limit IS NULL THEN NULL ELSE
@@ -251,20 +217,14 @@ JOIN {schema}.fence_tokens(%(ids)s::bigint[], %(tokens)s::uuid[]) AS f(id, token
   ON j.id = f.id AND (j.lease_token = f.token OR j.handback_token = f.token);
 
 -- name: sweep
--- Leases that ran out go back to pending, claimable at once and in their old place
--- (run_at is kept, and was due when the job was claimed): a dead worker is not the
--- job's fault, but the attempt it spent still counts, and a job that has used all its
--- attempts ends failed (a job whose cancel was asked ends cancelled).  SKIP LOCKED:
--- rows being heartbeated or swept by another worker are left alone, so every worker
--- can sweep at once with no leader.  Clearing the status kills the old lease token:
--- the fence needs status = 'running'.
--- A sweep may look back only `window` seconds (NULL: all the way).  jobs_running_leases_idx
--- keeps an entry for every lease a running row ever had; while a transaction holds back
--- xmin none of them can be marked dead, and a sweep from the start visits the heap for
--- each (20,761 buffers and 99 ms a sweep after minutes of a held xmin, bench/README.md).
--- A lease that ran out before the worker's previous sweep was that sweep's to take, so
--- the worker looks back to a little before it, and all the way now and then
--- (_cursor.SweepCursor).
+-- Leases that ran out go back to pending in their old place (run_at kept): the attempt
+-- counts, a job out of attempts ends failed, one with a cancel asked cancelled.  The
+-- UPDATE re-checks status and locked_until on the row it locked, and a heartbeat locks
+-- the same row, so a lease extended meanwhile is not swept; SKIP LOCKED lets every
+-- worker sweep at once with no leader.  Clearing the status kills the old lease token:
+-- the fence needs status = 'running'.  `window` (NULL: all the way) looks back only
+-- to a little before the worker's previous sweep (decision 0015, _cursor.SweepCursor).
+-- docs/architecture.md, "The sweep: when a taken job is given back".
 WITH expired AS MATERIALIZED (
     SELECT id, ctid, part
     FROM {schema}.jobs
@@ -565,8 +525,8 @@ LIMIT %(limit)s;
 
 -- name: failed_ids
 -- `retry --failed`: the ids of the failed jobs matching the filters, read once, in one
--- scan (no index holds failed jobs apart from done ones; a keyset of batches walked the
--- primary keys of every done job before the first failed one, 0.43 s for 100,000).
+-- scan (no index keeps failed jobs apart from done ones: batches by keyset walked every
+-- done job first; bench/README.md, "Finding and retrying failed jobs").
 -- `since` is compared with finished_at (when the job failed).
 SELECT id
 FROM {schema}.jobs
@@ -577,22 +537,14 @@ WHERE status = 'failed'
 ORDER BY id;
 
 -- name: retry_jobs
--- An operator's retry of failed or cancelled jobs, by id: each row becomes pending
--- again, due now, with attempts 0 (a fresh budget of max_attempts); finished_at,
--- started_at, worker, locked_until, result and cancel_requested are cleared, and
--- last_error is kept until the next attempt writes its own.  The job keeps its id and
--- its row (no new job), and moves to the current generation: a day holds finished jobs
--- only, and the claim reads generations.
--- No double claim: the UPDATE re-checks the status on the row it locks (READ COMMITTED
--- evaluates the WHERE again after a lock wait), and the new version is invisible to any
--- claim until this statement commits, when the claim's SKIP LOCKED takes it once.  Two
--- retries of one job, or a retry racing the worker failing it, retry it at most once:
--- the second finds it no longer failed, or (the first having moved it to another
--- partition) fails with a serialization error and is run again by the caller.
--- Ids not retried come back with the status this statement's snapshot saw (NULL: no
--- such job); one the snapshot saw failed was moved meanwhile, and is asked again.
--- A job with a concurrency key waits for a slot again, as with requeue (migration
--- 0018's triggers admit it at once if its key has one free).
+-- An operator's retry of failed or cancelled jobs, by id: the same row pending again
+-- (throttled with a concurrency key, as `requeue`), due now, attempts 0, last_error
+-- kept, in the current generation, which claims read.  Exactly once: the UPDATE
+-- re-checks the status on the row it locks, and claims see the new version only after
+-- commit, when SKIP LOCKED gives it to one; a racing retry finds the job no longer
+-- failed, or moved to another partition (a serialization error the caller runs again).
+-- An id not retried returns the status this snapshot saw (NULL: none; failed: moved
+-- meanwhile, asked again).  docs/control.md, "Failed jobs: find them, run them again".
 WITH retried AS (
     UPDATE {schema}.jobs AS j
     SET status = CASE WHEN j.concurrency_key IS NULL THEN 'pending' ELSE 'throttled' END,
@@ -685,22 +637,14 @@ SET queues = excluded.queues, tasks = excluded.tasks, seen_at = now(),
 RETURNING w.mark_pid IS NOT NULL AS marked;
 
 -- name: sweep_dead
--- Crash detection, faster than the lease.  A worker whose liveness mark (the advisory
--- lock of worker_mark, looked up in pg_locks by its holder's pid and key) is gone has
--- lost its session: its process died, or its host, or its connection dropped.  The
--- (and no session of it is left: below) first sweep that sees this notes the time
--- (mark_lost_at); a sweep `grace` seconds
--- later, the mark still gone, gives the worker's running jobs back exactly as an
--- expired lease would (the same SET as `sweep`: attempt counted, failed when none is
--- left, cancelled when asked).  A worker that reconnects within the grace marks again
--- (worker_mark clears mark_lost_at) and keeps its jobs.  A worker that is alive but
--- stopped (SIGSTOP, a GC pause) keeps its session and its mark: only its lease can
--- expire.  Nothing here weakens the fence: a robbed worker that was alive after all
--- has its late writes refused (LeaseLost), as after any sweep.  Each sub-statement
--- sees the same snapshot, so the jobs part acts on marks lost at a previous sweep.
--- SKIP LOCKED as in `sweep`: sweepers running at once split the work; a job this
--- statement misses (locked by another sweeper, or past `limit`) is still covered by
--- its lease.
+-- Crash detection, faster than the lease.  A worker whose liveness mark (worker_mark's
+-- advisory lock, found in pg_locks by pid and key) is gone, with no session of it left,
+-- lost its process, host or connection.  The first sweep to see it notes mark_lost_at;
+-- one `grace` seconds later gives its running jobs back as `sweep` does (sub-statements
+-- share one snapshot: the jobs part acts on marks lost at an earlier sweep).  A worker
+-- that reconnects in time marks again; a stopped one keeps its session, and only its
+-- lease can expire.  The fence is untouched: a robbed live worker gets LeaseLost.  SKIP
+-- LOCKED and `limit` as in `sweep`.  Decision 0016; docs/architecture.md, "Liveness".
 WITH marks AS MATERIALIZED (
     SELECT w.name, w.mark_lost_at,
            EXISTS (SELECT FROM pg_locks AS l

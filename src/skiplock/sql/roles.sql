@@ -32,12 +32,10 @@ ALTER ROLE {role} PASSWORD {password};
 -- name: grant_producer
 -- Enqueue only.  INSERT on the columns enqueue, enqueue_many and its COPY write (not
 -- status, worker or lease_token: a producer cannot plant a running or finished job);
--- SELECT on the columns RETURNING id, the lookup of reserved ids and `wait` read (not
--- the payloads of other jobs); UPDATE of notify_finish, which is how `wait` asks a
--- job's final write to notify it; USAGE on the id sequence for reserve_ids' nextval.  The
--- enqueue-notification trigger runs its function as the inserting role, but EXECUTE on
--- a trigger function is checked only at CREATE TRIGGER, and pg_notify needs no
--- privilege: the producer notifies even where EXECUTE was revoked from PUBLIC (tested).
+-- SELECT on what RETURNING id, reserved ids and `wait` read (not other jobs' payloads);
+-- UPDATE of notify_finish (how `wait` asks a job's final write to notify it); USAGE on
+-- the id sequence for reserve_ids.  The enqueue trigger needs no EXECUTE (checked only
+-- at CREATE TRIGGER) and pg_notify no privilege: tested (docs/security.md).
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT INSERT (id, queue, payload, priority, run_at, max_attempts, task, meta, concurrency_key,
                concurrency, rate_key, rate_every)

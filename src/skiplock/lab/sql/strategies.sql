@@ -1,12 +1,9 @@
--- The race lab's own statements: the claim strategies that skiplock does NOT use, kept
--- runnable so their failure modes can be shown on demand.  Same loader format as the
--- core's queries.sql ("-- name: <name>" headers); {schema} becomes a quoted identifier
--- through psycopg.sql and every value is a bound parameter.
---
--- All strategies run on skiplock's own jobs table (a scratch schema migrated by the
--- core), so they set the columns the table's CHECK constraint asks of a running job
--- (worker, lease_token, locked_until) and filter and order exactly like the core's
--- claim: the comparison is between claim shapes, not between indexes.
+-- The race lab's claim strategies that skiplock does NOT use, kept runnable so their
+-- failure modes can be shown on demand.  Same format as the core's queries.sql
+-- ("-- name: <name>" blocks; {schema} a quoted identifier through psycopg.sql; values
+-- bound).  They run on skiplock's own jobs table in a scratch schema, so they set the
+-- columns its CHECK asks of a running job (worker, lease_token, locked_until) and
+-- filter and order like the core's claim: they compare claim shapes, not indexes.
 
 -- name: naive_claim
 -- The postmortem's original claim.  "Is it still pending?" lives only in the subquery,
