@@ -103,7 +103,13 @@ def test_fence_clause_is_on_every_write_to_a_claimed_job() -> None:
         assert "j.lease_token = f.token" in body, name
         assert "j.status = 'running'" in body, name
     claim = blocks["claim"]
-    assert "FOR UPDATE SKIP LOCKED" in claim
+    # The pick is the function claimable() (decision 0005): its SELECT, in the schema
+    # as a fresh migrate leaves it, is the one that locks and skips.
+    schema = resources.files("skiplock").joinpath("sql", "schema.sql").read_text()
+    start = schema.index("FUNCTION {schema}.claimable(")
+    pick = schema[start : schema.index("$$;", start)]
+    assert "FOR UPDATE OF j SKIP LOCKED" in pick
+    assert "claimable(" in claim
     assert "AS MATERIALIZED" in claim
     assert "AND j.status = 'pending'" in claim  # the re-check on the target row
     assert "gen_random_uuid()" in claim
