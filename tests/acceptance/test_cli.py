@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -91,14 +92,17 @@ def workers(env: dict[str, str], schema: str) -> Iterator[Callable[..., subproce
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # A group of its own: the cleanup kills a --processes supervisor's children
+            # with it, not the supervisor alone (its children would be left running).
+            start_new_session=True,
         )
         procs.append(p)
         return p
 
     yield start
     for p in procs:
-        if p.poll() is None:
-            p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
         p.wait(10)
 
 
