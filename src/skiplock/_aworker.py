@@ -6,8 +6,9 @@ Tasks and their one job each:
 - a writer per chain batches the outcomes of the jobs its chain claimed into fenced
   writes, and claims the slots they free in the same transaction; the first also
   heartbeats every held job, in one statement (the same statements and accounting as
-  ``Worker``: ``_workerbase``).  With two chains (the default from concurrency 4),
-  one chain's handlers run while the other's transaction is on the server;
+  ``Worker``: the parts ``_workerbase`` composes).  With two chains (the default
+  from concurrency 4), one chain's handlers run while the other's transaction is on
+  the server;
 - the listener LISTENs for enqueues (wakes the claim) and for cancels of held jobs
   (beats at once, so a cancelled handler's task is cancelled within a round trip);
 - one task per handler, and nothing else per job: a done callback hands its outcome
@@ -48,7 +49,9 @@ from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
 from ._queue import Queue
 from ._sql import channel_name
-from ._workerbase import Chain, Trouble, WorkerBase, WorkerStats, one_line
+from ._wclaims import Chain
+from ._wcore import Trouble, WorkerStats, one_line
+from ._workerbase import WorkerBase
 
 __all__ = ["AsyncWorker"]
 
@@ -173,53 +176,7 @@ class AsyncWorker(WorkerBase):
         self._hard = False
         self._give_up_writes = False
 
-    # -- control -------------------------------------------------------------------------
-
-    def stop(self, *, graceful: bool = True) -> None:
-        """Stop claiming; with ``graceful``, running handlers get ``shutdown_grace``.
-
-        Safe from any thread or a signal handler.
-        """
-        self._stop_requested = True
-        self._hard = self._hard or not graceful
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._signal_stop)
-
-    def _stop_asked(self) -> bool:
-        return self._stop_requested
-
-    def _stuck(self, now: float) -> dict[str, float]:
-        stuck = super()._stuck(now)
-        loop, sent = self._loop, self._ping_sent
-        if sent is not None and now - sent > self.health_stall:
-            stuck["event loop"] = now - sent
-        elif sent is None and loop is not None:
-            self._ping_sent = now
-            try:
-                loop.call_soon_threadsafe(self._pong)
-            except RuntimeError:  # the loop closed meanwhile
-                self._ping_sent = None
-        return stuck
-
-    def _pong(self) -> None:
-        self._ping_sent = None
-
-    def _signal_stop(self) -> None:
-        assert self._stopping is not None and self._wake is not None
-        self._stopping.set()
-        self._wake.set()
-
-    def inflight(self) -> list[Job]:
-        return list(self._held.values())
-
-    def _chain_list(self) -> Sequence[Chain]:
-        return self._chains
-
-    def _mean_runtime_now(self) -> float:
-        return self._runtime.value
-
-    # -- run -------------------------------------------------------------------------------
+    # -- run and stop ----------------------------------------------------------------------
 
     async def run(self) -> WorkerStats:
         """Run until ``stop()``; returns the final counters."""
@@ -286,6 +243,28 @@ class AsyncWorker(WorkerBase):
                 self._ping_sent = None
         return self.stats
 
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop claiming; with ``graceful``, running handlers get ``shutdown_grace``.
+
+        Safe from any thread or a signal handler.
+        """
+        self._stop_requested = True
+        self._hard = self._hard or not graceful
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._signal_stop)
+
+    def _signal_stop(self) -> None:
+        assert self._stopping is not None and self._wake is not None
+        self._stopping.set()
+        self._wake.set()
+
+    def _stop_asked(self) -> bool:
+        return self._stop_requested
+
+    def inflight(self) -> list[Job]:
+        return list(self._held.values())
+
     async def _periodic(self, stop: threading.Event) -> None:
         # Periodic rounds are rare (at most one per tick): the sync scheduler, with its
         # own small pool, in a thread keeps one copy of that logic.
@@ -296,32 +275,29 @@ class AsyncWorker(WorkerBase):
         finally:
             q.close()
 
-    async def _keep_liveness(self) -> None:
-        """The liveness mark and sweep_dead (see _liveness.py), on a thread: one small
-        statement every quarter second, on a connection of its own."""
-        assert self._wake is not None and self._mark_now is not None
-        live = self._liveness()
-        trouble = Trouble(self.name, "liveness check")
-        try:
-            while True:
-                try:
-                    with self._steps.step(self.MARK):
-                        n = await asyncio.to_thread(live.step)
-                    trouble.ok()
-                except _DB_ERRORS as exc:
-                    trouble.failed(exc, "trying again")
-                    n = 0
-                if n:
-                    self.dead_swept(n)
-                    self._wake.set()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._mark_now.wait(), live.pause(trouble.failures, self.LIVENESS_INTERVAL)
-                    )
-                self._mark_now.clear()
-        finally:
-            # A step still running in its thread holds the lane: close waits for it.
-            await asyncio.to_thread(live.close)
+    def _stuck(self, now: float) -> dict[str, float]:
+        stuck = super()._stuck(now)
+        loop, sent = self._loop, self._ping_sent
+        if sent is not None and now - sent > self.health_stall:
+            stuck["event loop"] = now - sent
+        elif sent is None and loop is not None:
+            self._ping_sent = now
+            try:
+                loop.call_soon_threadsafe(self._pong)
+            except RuntimeError:  # the loop closed meanwhile
+                self._ping_sent = None
+        return stuck
+
+    def _pong(self) -> None:
+        self._ping_sent = None
+
+    def _chain_list(self) -> Sequence[Chain]:
+        return self._chains
+
+    def _mean_runtime_now(self) -> float:
+        return self._runtime.value
+
+    # -- the claim chain -------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
         assert self._stopping is not None and self._wake is not None
@@ -413,6 +389,8 @@ class AsyncWorker(WorkerBase):
         self._unstarted.extend(jobs)
         self._start_unstarted()
 
+    # -- handlers --------------------------------------------------------------------------
+
     def _start_unstarted(self) -> None:
         """Start held jobs while a handler slot is free (not once stopping: the
         shutdown releases those still waiting)."""
@@ -489,54 +467,7 @@ class AsyncWorker(WorkerBase):
             if job is not None and job.cancelled and not task.done():
                 task.cancel()
 
-    async def _sweep(self) -> None:
-        assert self._q is not None and self._wake is not None
-        start = time.monotonic()
-        if self._register_due(start):
-            try:
-                await self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
-                self._registered(start)
-            except _DB_ERRORS as exc:
-                self._upkeep_failed("register", exc)
-        window = self._sweeps.window(start)
-        try:
-            n = await self._q.sweep(window=window)
-        except _DB_ERRORS as exc:
-            self._upkeep_failed("sweep", exc)
-            return
-        self.swept(n, window, start)
-        if n:
-            self._wake.set()
-        assert self._upkeep_wanted is not None
-        self._upkeep_wanted.set()
-
-    async def _upkeep_loop(self) -> None:
-        """Run the generations' upkeep after each sweep, in a task of its own (on a
-        connection of the pool), so that its steps never hold back a claim: see
-        ``Worker._upkeep_loop``.  Cancelled at shutdown with the other helpers."""
-        assert self._q is not None and self._upkeep_wanted is not None
-        while True:
-            await self._upkeep_wanted.wait()
-            self._upkeep_wanted.clear()
-            for _ in range(self.UPKEEP_MAX_STEPS):
-                start = time.monotonic()
-                try:
-                    done = await self._q.upkeep(max_steps=1)
-                except _DB_ERRORS as exc:
-                    self._upkeep_failed("upkeep", exc)
-                    break
-                if not done or "busy" in done:
-                    break
-                await asyncio.sleep(self._upkeep_rest(time.monotonic() - start))
-
-    async def _prune(self) -> None:
-        assert self._q is not None and self.retention is not None
-        try:
-            await self._q.prune(older_than=self.retention)
-        except _DB_ERRORS as exc:
-            self._upkeep_failed("prune", exc)
-
-    # -- writer: fenced writes and heartbeats --------------------------------------------
+    # -- the writer ------------------------------------------------------------------------
 
     async def _writer(self, chain: _AChain) -> None:
         """Write ``chain``'s outcomes; the first chain's writer also heartbeats every
@@ -697,6 +628,8 @@ class AsyncWorker(WorkerBase):
         if self._wake is not None:
             self._wake.set()  # a slot is free
 
+    # -- the heartbeat ---------------------------------------------------------------------
+
     async def _heartbeat(self) -> None:
         assert self._q is not None
         jobs = self.inflight()
@@ -713,12 +646,39 @@ class AsyncWorker(WorkerBase):
         # Another chain's writer may have completed some of them meanwhile: its own
         # fenced answer says what happened to those, not this beat.
         writing |= self._writing
-        ours = [job for job in jobs if job.attempt not in writing and job.attempt in self._held]
+        ours = self._ours(jobs, writing, self._held)
         for job in self.beaten(ours, res):
             self._drop_held(job.attempt)
         self._cancel_requested()
 
-    # -- listener ------------------------------------------------------------------------
+    # -- liveness and the listener ---------------------------------------------------------
+
+    async def _keep_liveness(self) -> None:
+        """The liveness mark and sweep_dead (see _liveness.py), on a thread: one small
+        statement every quarter second, on a connection of its own."""
+        assert self._wake is not None and self._mark_now is not None
+        live = self._liveness()
+        trouble = Trouble(self.name, "liveness check")
+        try:
+            while True:
+                try:
+                    with self._steps.step(self.MARK):
+                        n = await asyncio.to_thread(live.step)
+                    trouble.ok()
+                except _DB_ERRORS as exc:
+                    trouble.failed(exc, "trying again")
+                    n = 0
+                if n:
+                    self.dead_swept(n)
+                    self._wake.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._mark_now.wait(), live.pause(trouble.failures, self.LIVENESS_INTERVAL)
+                    )
+                self._mark_now.clear()
+        finally:
+            # A step still running in its thread holds the lane: close waits for it.
+            await asyncio.to_thread(live.close)
 
     async def _listener(self) -> None:
         assert self._stopping is not None and self._wake is not None
@@ -755,7 +715,56 @@ class AsyncWorker(WorkerBase):
                         self._stopping.wait(), backoff(failures, base=0.1, cap=5.0)
                     )
 
-    # -- shutdown ------------------------------------------------------------------------
+    # -- upkeep ----------------------------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        assert self._q is not None and self._wake is not None
+        start = time.monotonic()
+        if self._register_due(start):
+            try:
+                await self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
+                self._registered(start)
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("register", exc)
+        window = self._sweeps.window(start)
+        try:
+            n = await self._q.sweep(window=window)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("sweep", exc)
+            return
+        self.swept(n, window, start)
+        if n:
+            self._wake.set()
+        assert self._upkeep_wanted is not None
+        self._upkeep_wanted.set()
+
+    async def _upkeep_loop(self) -> None:
+        """Run the generations' upkeep after each sweep, in a task of its own (on a
+        connection of the pool), so that its steps never hold back a claim: see
+        ``Worker._upkeep_loop``.  Cancelled at shutdown with the other helpers."""
+        assert self._q is not None and self._upkeep_wanted is not None
+        while True:
+            await self._upkeep_wanted.wait()
+            self._upkeep_wanted.clear()
+            for _ in range(self.UPKEEP_MAX_STEPS):
+                start = time.monotonic()
+                try:
+                    done = await self._q.upkeep(max_steps=1)
+                except _DB_ERRORS as exc:
+                    self._upkeep_failed("upkeep", exc)
+                    break
+                if not done or "busy" in done:
+                    break
+                await asyncio.sleep(self._upkeep_rest(time.monotonic() - start))
+
+    async def _prune(self) -> None:
+        assert self._q is not None and self.retention is not None
+        try:
+            await self._q.prune(older_than=self.retention)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("prune", exc)
+
+    # -- shutdown --------------------------------------------------------------------------
 
     async def _shutdown(self, helpers: list[asyncio.Task[None]]) -> None:
         assert self._q is not None

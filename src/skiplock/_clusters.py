@@ -17,8 +17,9 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._sql import statements
+from ._wcore import WorkerStats
 from ._worker import Worker
-from ._workerbase import WorkerStats, stop_on_signals
+from ._wshutdown import stop_on_signals
 
 __all__ = ["ClusterWorkers", "check_same_database"]
 

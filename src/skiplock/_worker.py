@@ -54,14 +54,9 @@ from ._periodic import Periodic, PeriodicScheduler
 from ._procpool import ProcessPool, check_picklable
 from ._queue import Queue
 from ._sql import channel_name
-from ._workerbase import (
-    Chain,
-    Trouble,
-    WorkerBase,
-    WorkerStats,
-    default_worker_name,
-    one_line,
-)
+from ._wclaims import Chain
+from ._wcore import Trouble, WorkerStats, default_worker_name, one_line
+from ._workerbase import WorkerBase
 
 __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 
@@ -335,37 +330,7 @@ class Worker(WorkerBase):
         if self.pool == "process":
             check_picklable(self._handlers)  # ConfigError now, not in each child
 
-    def soft_timeout_for(self, job: Job) -> float | None:
-        """Seconds after which the job's handler gets SoftTimeLimitExceeded (process pool)."""
-        if job.task is not None and job.task in self._task_soft_timeouts:
-            return self._task_soft_timeouts[job.task]
-        return self._soft_timeout
-
-    def _chain_list(self) -> Sequence[Chain]:
-        return self._chains
-
-    def _mean_runtime_now(self) -> float:
-        return self._pool.runtime.value if self._pool is not None else RunTime.PRIOR
-
-    # -- public control ------------------------------------------------------------------
-
-    def stop(self, *, graceful: bool = True) -> None:
-        """Stop claiming; with ``graceful``, let running handlers finish in the grace."""
-        if not graceful:
-            self._hard_stop.set()
-        self._stopping.set()
-        self._wake.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
-
-    def _stop_asked(self) -> bool:
-        return self._stopping.is_set()
-
-    def inflight(self) -> list[Job]:
-        with self._inflight_lock:
-            return list(self._inflight.values())
+    # -- run and stop ----------------------------------------------------------------------
 
     def run(self) -> WorkerStats:
         """Run until ``stop()``; returns the final counters."""
@@ -424,6 +389,35 @@ class Worker(WorkerBase):
                 self._stop_health()
         return self.stats
 
+    def start(self) -> threading.Thread:
+        """Run in a background thread (tests, embedding); ``stop()`` then ``join()``."""
+        t = threading.Thread(target=self.run, name=f"skiplock-worker-{self.name}", daemon=True)
+        t.start()
+        return t
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop claiming; with ``graceful``, let running handlers finish in the grace."""
+        if not graceful:
+            self._hard_stop.set()
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _stop_asked(self) -> bool:
+        return self._stopping.is_set()
+
+    def inflight(self) -> list[Job]:
+        with self._inflight_lock:
+            return list(self._inflight.values())
+
+    @property
+    def reconnects(self) -> int:
+        """Connections the worker made again after losing one (all its lanes)."""
+        return sum(lane.reconnects for lane in self._lanes)
+
     def _make_pool(self) -> HandlerPool | ProcessPool:
         if self.pool == "thread":
             return HandlerPool(
@@ -454,23 +448,10 @@ class Worker(WorkerBase):
             self._running = False
             raise
 
-    def start(self) -> threading.Thread:
-        """Run in a background thread (tests, embedding); ``stop()`` then ``join()``."""
-        t = threading.Thread(target=self.run, name=f"skiplock-worker-{self.name}", daemon=True)
-        t.start()
-        return t
-
     def _lane_queue(self, role: str) -> Queue:
         lane = Lane(self._settings, f"worker {self.name} {role}", cap=self._retry_cap)
         self._lanes.append(lane)
         return Queue.from_settings(self._settings, connections=lane)
-
-    @property
-    def reconnects(self) -> int:
-        """Connections the worker made again after losing one (all its lanes)."""
-        return sum(lane.reconnects for lane in self._lanes)
-
-    # -- claim loop ----------------------------------------------------------------------
 
     def _start_thread(self, target: Callable[[], None], role: str) -> None:
         t = threading.Thread(target=target, name=f"skiplock-{self.name}-{role}", daemon=True)
@@ -487,6 +468,14 @@ class Worker(WorkerBase):
         )
         self._writers.append(t)
         t.start()
+
+    def _chain_list(self) -> Sequence[Chain]:
+        return self._chains
+
+    def _mean_runtime_now(self) -> float:
+        return self._pool.runtime.value if self._pool is not None else RunTime.PRIOR
+
+    # -- the claim chain -------------------------------------------------------------------
 
     def _claim_loop(self) -> None:
         assert self._q is not None and self._pool is not None
@@ -591,60 +580,13 @@ class Worker(WorkerBase):
         for job in jobs:
             self._pool.submit(job)
 
-    def _sweep(self) -> None:
-        assert self._q is not None
-        start = time.monotonic()
-        if self._register_due(start):
-            try:
-                self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
-                self._registered(start)
-            except _DB_ERRORS as exc:
-                self._upkeep_failed("register", exc)
-        window = self._sweeps.window(start)
-        try:
-            n = self._q.sweep(window=window)
-        except _DB_ERRORS as exc:
-            self._upkeep_failed("sweep", exc)
-            return
-        self.swept(n, window, start)
-        if n:
-            self._wake.set()
-        self._upkeep_wanted.set()
+    # -- handlers --------------------------------------------------------------------------
 
-    def _upkeep_loop(self) -> None:
-        """Run the generations' upkeep (:meth:`Queue.upkeep`) after each sweep, on a
-        thread and a connection of its own.
-
-        A step moves up to 2,000 finished jobs (10-30 ms), and after a burst a call takes
-        several in a row: on the claim loop, no claim went out meanwhile (300-450 ms of
-        steps were sampled inside one burst;
-        bench/results/2026-12-04-held-burst-and-full-run-on-0009.md).
-        """
-        assert self._uq is not None
-        while True:
-            self._upkeep_wanted.wait()
-            self._upkeep_wanted.clear()
-            for _ in range(self.UPKEEP_MAX_STEPS):
-                if self._stopping.is_set():
-                    return
-                start = time.monotonic()
-                try:
-                    done = self._uq.upkeep(max_steps=1)
-                except _DB_ERRORS as exc:
-                    self._upkeep_failed("upkeep", exc)
-                    break
-                if not done or "busy" in done:
-                    break
-                self._stopping.wait(self._upkeep_rest(time.monotonic() - start))
-
-    def _prune(self) -> None:
-        assert self._q is not None and self.retention is not None
-        try:
-            self._q.prune(older_than=self.retention)
-        except _DB_ERRORS as exc:
-            self._upkeep_failed("prune", exc)
-
-    # -- handlers ------------------------------------------------------------------------
+    def soft_timeout_for(self, job: Job) -> float | None:
+        """Seconds after which the job's handler gets SoftTimeLimitExceeded (process pool)."""
+        if job.task is not None and job.task in self._task_soft_timeouts:
+            return self._task_soft_timeouts[job.task]
+        return self._soft_timeout
 
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
@@ -669,15 +611,7 @@ class Worker(WorkerBase):
         chain = self._chain_of.get(job.attempt, self._chains[0])
         chain.results.put((job, outcome))
 
-    def _drop_held(self, attempt: Attempt) -> None:
-        """Stop holding ``attempt`` (under ``_inflight_lock``); its chain's writer may
-        still owe its outcome, so the job keeps its chain until ``_forget``."""
-        if self._inflight.pop(attempt, None) is not None:
-            self._chain_of[attempt].held -= 1
-        self._deadline.pop(attempt, None)
-        self._lapsed.discard(attempt)
-
-    # -- writer: fenced writes and heartbeats --------------------------------------------
+    # -- the writer ------------------------------------------------------------------------
 
     def _writer_loop(self, chain: _Chain) -> None:
         pending: list[tuple[Job, Outcome]] = []
@@ -772,6 +706,14 @@ class Worker(WorkerBase):
             self._wake.set()
         return res
 
+    def _drop_held(self, attempt: Attempt) -> None:
+        """Stop holding ``attempt`` (under ``_inflight_lock``); its chain's writer may
+        still owe its outcome, so the job keeps its chain until ``_forget``."""
+        if self._inflight.pop(attempt, None) is not None:
+            self._chain_of[attempt].held -= 1
+        self._deadline.pop(attempt, None)
+        self._lapsed.discard(attempt)
+
     def _forget(self, jobs: Sequence[Job]) -> None:
         with self._inflight_lock:
             for job in jobs:
@@ -783,7 +725,7 @@ class Worker(WorkerBase):
         if any(self._refill_due(chain) for chain in self._chains):
             self._wake.set()
 
-    # -- heartbeats ----------------------------------------------------------------------
+    # -- the heartbeat ---------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
         """Every ``heartbeat_interval``, extend the lease of every job held; a failed
@@ -806,28 +748,6 @@ class Worker(WorkerBase):
                 next_beat = time.monotonic() + backoff(
                     trouble.failures, base=0.025, cap=self._retry_cap
                 )
-
-    def _liveness_loop(self) -> None:
-        """Keep this worker's liveness mark and give back dead workers' jobs, until the
-        last result is written: the mark must outlive every write the worker owes."""
-        live = self._liveness()
-        trouble = Trouble(self.name, "liveness check")
-        try:
-            while not self._beats_done.is_set():
-                try:
-                    with self._steps.step(self.MARK):
-                        n = live.step()
-                    trouble.ok()
-                except _DB_ERRORS as exc:
-                    trouble.failed(exc, "trying again")
-                    n = 0
-                if n:
-                    self.dead_swept(n)
-                    self._wake.set()
-                self._mark_now.wait(live.pause(trouble.failures, self.LIVENESS_INTERVAL))
-                self._mark_now.clear()
-        finally:
-            live.close()
 
     def _heartbeat(self, trouble: Trouble) -> bool:
         """One beat for every job held; False if it did not reach the server."""
@@ -860,7 +780,7 @@ class Worker(WorkerBase):
             # Not running any more because our writer finished it: the writer's own
             # fenced answer says what happened, not this beat.
             writing |= self._writing
-            ours = [j for j in jobs if j.attempt not in writing and j.attempt in self._inflight]
+            ours = self._ours(jobs, writing, self._inflight)
         res.lost = [j.id for j in ours if res.row(j) is None]
         lost = {job.attempt for job in self.beaten(ours, res)}
         with self._inflight_lock:
@@ -889,7 +809,29 @@ class Worker(WorkerBase):
                 ", ".join(str(job_id) for job_id, _ in sorted(new, key=lambda a: a[0])[:20]),
             )
 
-    # -- listener ------------------------------------------------------------------------
+    # -- liveness and the listener ---------------------------------------------------------
+
+    def _liveness_loop(self) -> None:
+        """Keep this worker's liveness mark and give back dead workers' jobs, until the
+        last result is written: the mark must outlive every write the worker owes."""
+        live = self._liveness()
+        trouble = Trouble(self.name, "liveness check")
+        try:
+            while not self._beats_done.is_set():
+                try:
+                    with self._steps.step(self.MARK):
+                        n = live.step()
+                    trouble.ok()
+                except _DB_ERRORS as exc:
+                    trouble.failed(exc, "trying again")
+                    n = 0
+                if n:
+                    self.dead_swept(n)
+                    self._wake.set()
+                self._mark_now.wait(live.pause(trouble.failures, self.LIVENESS_INTERVAL))
+                self._mark_now.clear()
+        finally:
+            live.close()
 
     def _listen_loop(self) -> None:
         wanted = set(self.queues)
@@ -922,7 +864,62 @@ class Worker(WorkerBase):
         with self._inflight_lock:
             return any(job_id == held_id for held_id, _ in self._inflight)
 
-    # -- shutdown ------------------------------------------------------------------------
+    # -- upkeep ----------------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        assert self._q is not None
+        start = time.monotonic()
+        if self._register_due(start):
+            try:
+                self._q.register_worker(self.name, queues=self.queues, tasks=self.tasks)
+                self._registered(start)
+            except _DB_ERRORS as exc:
+                self._upkeep_failed("register", exc)
+        window = self._sweeps.window(start)
+        try:
+            n = self._q.sweep(window=window)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("sweep", exc)
+            return
+        self.swept(n, window, start)
+        if n:
+            self._wake.set()
+        self._upkeep_wanted.set()
+
+    def _upkeep_loop(self) -> None:
+        """Run the generations' upkeep (:meth:`Queue.upkeep`) after each sweep, on a
+        thread and a connection of its own.
+
+        A step moves up to 2,000 finished jobs (10-30 ms), and after a burst a call takes
+        several in a row: on the claim loop, no claim went out meanwhile (300-450 ms of
+        steps were sampled inside one burst;
+        bench/results/2026-12-04-held-burst-and-full-run-on-0009.md).
+        """
+        assert self._uq is not None
+        while True:
+            self._upkeep_wanted.wait()
+            self._upkeep_wanted.clear()
+            for _ in range(self.UPKEEP_MAX_STEPS):
+                if self._stopping.is_set():
+                    return
+                start = time.monotonic()
+                try:
+                    done = self._uq.upkeep(max_steps=1)
+                except _DB_ERRORS as exc:
+                    self._upkeep_failed("upkeep", exc)
+                    break
+                if not done or "busy" in done:
+                    break
+                self._stopping.wait(self._upkeep_rest(time.monotonic() - start))
+
+    def _prune(self) -> None:
+        assert self._q is not None and self.retention is not None
+        try:
+            self._q.prune(older_than=self.retention)
+        except _DB_ERRORS as exc:
+            self._upkeep_failed("prune", exc)
+
+    # -- shutdown --------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
         assert self._q is not None and self._pool is not None

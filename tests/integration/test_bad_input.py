@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -241,7 +242,10 @@ def test_hostile_queue_names_are_refused_everywhere(queue: Queue, admin: Any, na
 
 
 def _schemas(admin: Any) -> set[str]:
-    return {r[0] for r in admin.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    """The database's schemas, less the tests' own (``t_`` and 12 hex digits): the test
+    processes beside this one make and drop those at any moment."""
+    rows = admin.execute("SELECT nspname FROM pg_namespace").fetchall()
+    return {r[0] for r in rows if not re.fullmatch(r"t_[0-9a-f]{12}", r[0])}
 
 
 @pytest.mark.parametrize("name", [*HOSTILE_NAMES, "public; DROP TABLE x", "1abc", "a" * 49])

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from skiplock._logs import JsonFormatter
-from skiplock._workerbase import error_summary
+from skiplock._wcore import error_summary
 
 
 @pytest.mark.parametrize(
