@@ -240,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SUBCOMMANDS:
         module = importlib.import_module(f"skiplock_bench.{SUBCOMMANDS[argv[0]][0]}")
+        if argv[1:] in (["-h"], ["--help"]) and not hasattr(module, "argparse"):
+            # A subcommand of positional arguments: its docstring is its usage.
+            print(module.__doc__)
+            return 0
         return int(module.main(argv[1:]) or 0)
     signal.signal(signal.SIGTERM, _terminate)
     args = parse_args(argv)

@@ -97,15 +97,19 @@ def _claim_cte(claim: str) -> str:
     return f"{head}bench_claimed AS (\n{final}\n)\n"
 
 
-# Folds the claimed rows into arrays for the complete; a claim that returns one row with
-# NULL columns when it took nothing (the queues LEFT JOIN) gives empty arrays.
-_FOLD = (
-    "SELECT coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids,\n"
-    "       coalesce(array_agg(lease_token) FILTER (WHERE id IS NOT NULL), '{}') AS tokens,\n"
-    "       coalesce(array_agg(NULL::text) FILTER (WHERE id IS NOT NULL), '{}') AS results,\n"
-    "       coalesce(array_agg(part) FILTER (WHERE id IS NOT NULL), '{}') AS parts\n"
-    "FROM bench_claimed \\gset\n"
-)
+def _fold(parts: bool) -> str:
+    """Fold the claimed rows into arrays for the complete; a claim that returns one row
+    with NULL columns when it took nothing (the queues LEFT JOIN) gives empty arrays.
+    ``parts``: the claim returns each job's generation (``part``), as skiplock's does and
+    the five-table prototype's (``proto``) does not."""
+    cols = [
+        "coalesce(array_agg(id) FILTER (WHERE id IS NOT NULL), '{}') AS ids",
+        "coalesce(array_agg(lease_token) FILTER (WHERE id IS NOT NULL), '{}') AS tokens",
+        "coalesce(array_agg(NULL::text) FILTER (WHERE id IS NOT NULL), '{}') AS results",
+    ]
+    if parts:
+        cols.append("coalesce(array_agg(part) FILTER (WHERE id IS NOT NULL), '{}') AS parts")
+    return "SELECT " + ",\n       ".join(cols) + "\nFROM bench_claimed \\gset\n"
 
 
 def render_script(
@@ -114,6 +118,7 @@ def render_script(
     *,
     claim: sql.Composable | str | None = None,
     complete: sql.Composable | str | None = None,
+    parts: bool = True,
 ) -> str:
     """One claim of ``batch`` jobs and one complete of them; ``complete=""`` claims only.
 
@@ -126,7 +131,7 @@ def render_script(
         {*CLAIM_CONSTANTS, *CLAIM_NULLS, "limit"},
         "claim",
     )
-    out = f"\\set limit {batch}\n" + _claim_cte(claim_sql) + _FOLD
+    out = f"\\set limit {batch}\n" + _claim_cte(claim_sql) + _fold(parts)
     if complete != "":
         complete_sql = _to_pgbench(
             _text(stmts.complete if complete is None else complete), set(FROM_CLAIM), "complete"

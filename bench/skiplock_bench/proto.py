@@ -174,6 +174,7 @@ def pgbench_script(schema: str, batch: int) -> str:
         batch,
         claim=q("claim", schema).as_string(None),
         complete=q("complete", schema).as_string(None),
+        parts=False,  # its claim returns no generation; its complete takes none
     )
 
 

@@ -77,6 +77,8 @@ SUBCOMMANDS = [
     (["workflows", "30", "5", "1"], "callback ran once"),
     (["retry-failed", "--failed", "20", "--done", "0", "50"], "retry_failed 20 in"),
     (["trigger-cost", "200", "2"], "with / without per round: "),
+    # The five-table prototype's claim and complete under pgbench, on a scratch cluster.
+    (["proto", "perjob", "--jobs", "500", "--rounds", "1"], "| proto-sql | "),
     (
         [
             "keys",
