@@ -126,12 +126,6 @@ class Schemas:
     def drop(self, name: str) -> None:
         self.drops.append(self.worker.submit(self._drop, name))
 
-    def settle(self) -> None:
-        """Wait until the thread is idle: for a test that compares the whole catalog
-        before and after (it asks for neither ``schema`` nor ``queue``, so nothing new
-        starts meanwhile)."""
-        self.worker.submit(lambda: None).result()
-
     def close(self) -> None:
         if self.next is not None and self.next.exception() is None:
             self.drop(self.next.result())
