@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable, Sequence
 
 from ._job import Job
@@ -22,25 +23,38 @@ __all__ = ["WorkerShutdown", "stop_on_signals"]
 def stop_on_signals(stop: Callable[[], None], grace: float, what: str = "jobs") -> None:
     """Call ``stop`` on the first SIGTERM or SIGINT; exit the process on a second.
 
+    The handler only counts the signal and writes its number to a pipe; a thread of its
+    own reads it, logs the line and calls ``stop``.  Python runs a handler in the main
+    thread between two bytecodes, maybe while that thread holds a lock that ``stop`` or
+    the log line takes (an Event's, a logging handler's), and taking it again there hangs
+    the process for good: a SIGTERM that came as the claim loop cleared its wake event
+    left a worker saying "finishing running jobs" and never exiting.
+
     The worker's own signals never raise in a handler (no KeyboardInterrupt), so any
     that a handler sees is the handler's (``failed_outcome``).
     """
+    read_fd, write_fd = os.pipe()
     count = 0
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal count
         count += 1
-        if count == 1:
-            logger.info(
-                "%s: finishing running %s (up to %gs); signal again to exit now",
-                signal.Signals(signum).name,
-                what,
-                grace,
-            )
-            stop()
-        else:
+        if count > 1:
             os._exit(128 + signum)
+        os.write(write_fd, bytes([signum]))
 
+    def on_first_signal() -> None:
+        signum = os.read(read_fd, 1)[0]
+        os.close(read_fd)
+        logger.info(
+            "%s: finishing running %s (up to %gs); signal again to exit now",
+            signal.Signals(signum).name,
+            what,
+            grace,
+        )
+        stop()
+
+    threading.Thread(target=on_first_signal, name="skiplock-signals", daemon=True).start()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
