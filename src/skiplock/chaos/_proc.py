@@ -87,11 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     current: list[Worker | AsyncWorker] = []
 
+    # The handler only writes to a pipe; a thread stops the worker.  Setting an Event in
+    # the handler itself can deadlock: the main thread (the claim loop) may be holding
+    # that Event's lock when the signal lands (the core's stop_on_signals, likewise).
+    read_fd, write_fd = os.pipe()
+
     def on_signal(signum: int, _frame: object) -> None:
+        os.write(write_fd, b"s")
+
+    def on_first_signal() -> None:
+        os.read(read_fd, 1)
         stop.set()
         for w in current:
             w.stop()
 
+    threading.Thread(target=on_first_signal, name="chaos-signals", daemon=True).start()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
@@ -123,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             worker = Worker(queue, handle, **options)
         current[:] = [worker]
+        if stop.is_set():
+            worker.stop()  # the signal came between the loop's test and this line
         try:
             if isinstance(worker, AsyncWorker):
                 stats = asyncio.run(worker.run())
