@@ -79,6 +79,35 @@ SUBCOMMANDS = [
     (["trigger-cost", "200", "2"], "with / without per round: "),
     # The five-table prototype's claim and complete under pgbench, on a scratch cluster.
     (["proto", "perjob", "--jobs", "500", "--rounds", "1"], "| proto-sql | "),
+    (["notify", "--producers", "2", "--seconds", "1", "--rounds", "1"], "| no-trigger | "),
+    (
+        ["sqlcmp", "--variants", "old,new", "--modes", "cc", "--rounds", "1", "--jobs", "2000"],
+        "| cc (jobs/s) | new | ",
+    ),
+    (["perjob", "--jobs", "300"], "| heap tuples written (ins+upd+del) | "),
+    (["stalls", "--seconds", "5", "--rate", "100"], "stalls by class:"),
+    (
+        [
+            "storage",
+            "--servers",
+            "shared",
+            "--conditions",
+            "fresh,held",
+            "--fresh-seconds",
+            "4",
+            "--held-seconds",
+            "4",
+            "--window",
+            "2",
+            "--burst",
+            "500",
+            "--bursts",
+            "1",
+            "--rate",
+            "100",
+        ],
+        "| shared (autovacuum off) | held | ",
+    ),
     (
         [
             "keys",
@@ -101,11 +130,15 @@ SUBCOMMANDS = [
 @pytest.mark.bench
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("argv", "expect"), SUBCOMMANDS, ids=[a[0] for a, _ in SUBCOMMANDS])
-def test_bench_subcommand_runs_at_tiny_n(dsn: str, argv: list[str], expect: str) -> None:
+def test_bench_subcommand_runs_at_tiny_n(
+    dsn: str, tmp_path: Path, argv: list[str], expect: str
+) -> None:
     src = str(BENCH.parent / "src")
     env = {**os.environ, "PYTHONPATH": str(BENCH), "SKIPLOCK_BENCH_DSN": dsn}
+    # Those that write a report write it here, not into bench/results/.
+    out = ["--out", str(tmp_path)] if argv[0] in ("sqlcmp", "perjob", "stalls", "storage") else []
     proc = subprocess.run(
-        [sys.executable, "-m", "skiplock_bench", *(src if a == "SRC" else a for a in argv)],
+        [sys.executable, "-m", "skiplock_bench", *(src if a == "SRC" else a for a in argv), *out],
         env=env,
         capture_output=True,
         text=True,
