@@ -540,11 +540,15 @@ def run_perjob(dsn: str, a: argparse.Namespace) -> str:
     return text
 
 
+# Where reports go: bench/results/, or --out (the smoke test's temporary directory).
+_out_dir = RESULTS_DIR
+
+
 def _save(stem: str, text: str, data: Any) -> None:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    _out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    (RESULTS_DIR / f"{stem}-{stamp}.md").write_text(text + "\n", encoding="utf-8")
-    (RESULTS_DIR / f"{stem}-{stamp}.json").write_text(
+    (_out_dir / f"{stem}-{stamp}.md").write_text(text + "\n", encoding="utf-8")
+    (_out_dir / f"{stem}-{stamp}.json").write_text(
         json.dumps(data, indent=1, default=str), encoding="utf-8"
     )
 
@@ -1046,7 +1050,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=20_000)
     p.add_argument("--bursts", type=int, default=3)
     p.add_argument("--dsn", default=None, help="a server of your own (never the shared one)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the reports go")
     a = p.parse_args(argv)
+    global _out_dir
+    _out_dir = a.out
     if a.sample % a.rotate:
         raise SystemExit("--sample must be a multiple of --rotate (samples precede rotations)")
     what = [w for w in a.what.split(",") if w]

@@ -136,7 +136,8 @@ def test_bench_subcommand_runs_at_tiny_n(
     src = str(BENCH.parent / "src")
     env = {**os.environ, "PYTHONPATH": str(BENCH), "SKIPLOCK_BENCH_DSN": dsn}
     # Those that write a report write it here, not into bench/results/.
-    out = ["--out", str(tmp_path)] if argv[0] in ("sqlcmp", "perjob", "stalls", "storage") else []
+    reports = ("sqlcmp", "perjob", "stalls", "storage", "proto")
+    out = ["--out", str(tmp_path)] if argv[0] in reports else []
     proc = subprocess.run(
         [sys.executable, "-m", "skiplock_bench", *(src if a == "SRC" else a for a in argv), *out],
         env=env,
