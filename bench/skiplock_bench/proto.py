@@ -536,19 +536,16 @@ def run_perjob(dsn: str, a: argparse.Namespace) -> str:
             for k, v in explains.items()
         )
     )
-    _save("proto-perjob", text, [[p.__dict__ for p in got] for got in rounds])
+    _save(a.out, "proto-perjob", text, [[p.__dict__ for p in got] for got in rounds])
     return text
 
 
-# Where reports go: bench/results/, or --out (the smoke test's temporary directory).
-_out_dir = RESULTS_DIR
-
-
-def _save(stem: str, text: str, data: Any) -> None:
-    _out_dir.mkdir(parents=True, exist_ok=True)
+def _save(out: Path, stem: str, text: str, data: Any) -> None:
+    """Write a report to ``out`` (``--out``: bench/results/ by default)."""
+    out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    (_out_dir / f"{stem}-{stamp}.md").write_text(text + "\n", encoding="utf-8")
-    (_out_dir / f"{stem}-{stamp}.json").write_text(
+    (out / f"{stem}-{stamp}.md").write_text(text + "\n", encoding="utf-8")
+    (out / f"{stem}-{stamp}.json").write_text(
         json.dumps(data, indent=1, default=str), encoding="utf-8"
     )
 
@@ -1016,13 +1013,13 @@ def run_held(dsn: str, a: argparse.Namespace) -> str:
         log(f"proto held: {name}, held flow {a.minutes:g} min")
         held = flow(held_k, a, a.minutes * 60, hold=True)
         out[name] = {"fresh": fresh, "held": held}
-        _save(f"proto-held-{name}-raw", "", out[name])  # kept even if the report fails
+        _save(a.out, f"proto-held-{name}-raw", "", out[name])  # kept even if the report fails
         texts.append(held_report(name, fresh, held, a))
     text = (
         f"proto held xmin: {a.minutes:g} min at {a.rate:,.0f} jobs/s, autovacuum off; load "
         f"average {loadavg()}\n\n" + "\n\n".join(texts)
     )
-    _save("proto-held", text, out)
+    _save(a.out, "proto-held", text, out)
     return text
 
 
@@ -1052,8 +1049,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dsn", default=None, help="a server of your own (never the shared one)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the reports go")
     a = p.parse_args(argv)
-    global _out_dir
-    _out_dir = a.out
     if a.sample % a.rotate:
         raise SystemExit("--sample must be a multiple of --rotate (samples precede rotations)")
     what = [w for w in a.what.split(",") if w]
@@ -1067,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
             if w == "check":
                 good, text = run_check(dsn, a)
                 ok = ok and good
-                _save("proto-check", text, {"ok": good})
+                _save(a.out, "proto-check", text, {"ok": good})
             elif w == "perjob":
                 text = run_perjob(dsn, a)
             elif w == "held":

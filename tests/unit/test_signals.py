@@ -58,7 +58,7 @@ def test_a_second_signal_exits_at_once() -> None:
         import os, signal, threading, time
         from skiplock._wshutdown import stop_on_signals
 
-        stop_on_signals(lambda: None, grace=1.0)  # a stop that never finishes
+        stop_on_signals(lambda: None, grace=1.0)  # a stop that leaves it running
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGTERM)
