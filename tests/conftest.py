@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from connection_share import DEFAULT, WHOLE, Count, Ledger
 from skiplock import Queue
 from skiplock._sql import migrations
 
@@ -38,6 +39,7 @@ ONE_SERVER: dict[str, str] = {
     "test_testing_plugin": "the pytest plugin's fixture and run_pending, by pytester",
     "test_metrics": "counters fed by the Worker's events",
     "test_worker_logs": "the log line each failed attempt leaves",
+    "test_connection_share": "the test harness's count of its own TCP connections",
 }
 
 
@@ -173,6 +175,42 @@ def admin(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """A plain autocommit connection for inspecting and poking the database."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture(scope="session")
+def connection_ledger(dsn: str) -> Ledger:
+    return Ledger(dsn)
+
+
+@pytest.fixture(autouse=True)
+def connection_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold this test's share of the server's connections while it runs, and fail it
+    if it held more (tests/connection_share.py says why); tests that ask for no
+    database (no ``dsn``) take none."""
+    callspec = getattr(request.node, "callspec", None)
+    if "dsn" not in request.fixturenames or "dsn" in getattr(callspec, "params", {}):
+        yield  # no database, or a test whose own argument is called dsn
+        return
+    dsn: str = request.getfixturevalue("dsn")
+    ledger: Ledger = request.getfixturevalue("connection_ledger")
+    marked = request.node.get_closest_marker("connections")
+    if marked is not None:
+        share = int(marked.args[0])
+    elif any(request.node.get_closest_marker(m) for m in WHOLE):
+        share = ledger.limit
+    else:
+        share = DEFAULT
+    ledger.take(share)
+    try:
+        with Count(dsn) as count:
+            yield
+    finally:
+        ledger.give_back()
+    if count.peak > share:
+        pytest.fail(
+            f"held {count.peak} connections to the server at once, its share is {share}: "
+            f"mark it @pytest.mark.connections({count.peak + count.peak // 4})"
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -54,6 +54,7 @@ def assert_every_job_ran(out: dict[str, Any]) -> None:
     assert sum(out["jobs_per_worker"].values()) == out["provider_requests"]
 
 
+@pytest.mark.connections(60)
 def test_default_emails_every_invoice_exactly_once(dsn: str) -> None:
     out = run_json(dsn)
     assert out["strategy"] == "skip-locked"
@@ -97,6 +98,7 @@ def test_naive_with_idempotency_keys_double_claims_but_never_double_sends(dsn: s
     assert_every_job_ran(out)
 
 
+@pytest.mark.connections(60)
 def test_kill_worker_recovers_its_jobs_without_a_second_email(dsn: str) -> None:
     out = run_json(dsn, "--kill-worker")
     killed = out["killed_worker"]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from skiplock import Queue
@@ -50,6 +51,7 @@ def test_sigkill_with_the_default_lease_runs_again_within_two_seconds(
     assert job is not None and "lost its session" in (job.last_error or "")
 
 
+@pytest.mark.connections(20)
 def test_sigstop_beyond_the_grace_is_not_swept_before_the_lease(
     queue: Queue,
     admin: psycopg.Connection[Any],

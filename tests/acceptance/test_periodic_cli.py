@@ -113,6 +113,7 @@ def check_each_tick_once(rows: list[tuple[Any, ...]], seconds: int) -> None:
     assert len({r[1] for r in rows}) == len(rows)
 
 
+@pytest.mark.connections(72)
 def test_eight_worker_processes_enqueue_each_tick_once(
     dsn: str, schema: str, admin: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

@@ -138,11 +138,18 @@ def _complete_plan(dsn: str, schema: str, jobs: list[Any]) -> str:
 
 
 def test_upkeep_analyzes_a_generation_once_so_completions_use_the_primary_key(
-    queue: Queue, admin: psycopg.Connection[Any], dsn: str, schema: str
+    queue: Queue,
+    admin: psycopg.Connection[Any],
+    dsn: str,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Never analyzed, a generation of 20,000 jobs was read whole by every completion
     (a hash join over a sequential scan, 436 buffers for 24 jobs); upkeep analyzes it
     once it has taken 1,000 ids, and completions then look their rows up by key."""
+    # 20,000 ids are past ROTATE_ROWS: were the enqueue slower than ROTATE_AFTER (a
+    # loaded machine), upkeep would rotate instead of analyzing.  Age never rotates here.
+    monkeypatch.setattr(queue, "ROTATE_AFTER", 3600.0)
     queue.enqueue_many([{"i": i} for i in range(20_000)])
     (part,) = admin.execute(
         sql.SQL("SELECT DISTINCT part FROM {}.jobs").format(sql.Identifier(schema))

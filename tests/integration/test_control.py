@@ -190,6 +190,7 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return most
 
 
+@pytest.mark.connections(72)
 def test_concurrency_limit_holds_across_eight_worker_processes(
     queue: Queue, dsn: str, tmp_path: Path
 ) -> None:
@@ -220,6 +221,7 @@ def test_concurrency_limit_holds_across_eight_worker_processes(
     assert seen == limit, "the limit was never reached: the test shows nothing"
 
 
+@pytest.mark.connections(72)
 def test_rate_limit_holds_across_eight_worker_processes(
     queue: Queue, dsn: str, admin: psycopg.Connection[Any], tmp_path: Path
 ) -> None:
