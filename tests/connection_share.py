@@ -12,6 +12,8 @@ by narrow ones.
 
 A test's share is DEFAULT, or ``n`` when marked ``@pytest.mark.connections(n)``; the
 chaos, slow, bench and Patroni tests take the whole server (they run alone by design).
+Shares are upper bounds with room (a quarter or more above the peak sampled on this
+machine): a share too small fails the test, one too large only makes it wait.
 The share is checked, not trusted: while the test runs, a thread counts the TCP
 connections to the server that this process and its children hold (from /proc), and a
 test that held more than its share fails with the figure to mark it with.  It samples
@@ -37,7 +39,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-DEFAULT = 16
+DEFAULT = 20
 RESERVE = 8
 WHOLE = ("chaos", "slow", "bench", "patroni")
 WAIT = 240.0  # seconds a test waits for its share before it fails (pytest's timeout: 300)

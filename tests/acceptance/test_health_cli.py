@@ -167,7 +167,7 @@ def test_a_worker_on_an_unmigrated_schema_is_not_ready(
     assert get(port, "/livez")[0] == 200
 
 
-@pytest.mark.connections(24)
+@pytest.mark.connections(30)
 def test_processes_answer_on_one_port_for_every_child(
     queue: Queue, admin: psycopg.Connection[Any], start: Callable[..., Proc]
 ) -> None:

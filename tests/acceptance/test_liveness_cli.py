@@ -51,7 +51,7 @@ def test_sigkill_with_the_default_lease_runs_again_within_two_seconds(
     assert job is not None and "lost its session" in (job.last_error or "")
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_sigstop_beyond_the_grace_is_not_swept_before_the_lease(
     queue: Queue,
     admin: psycopg.Connection[Any],

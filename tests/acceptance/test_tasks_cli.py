@@ -88,7 +88,7 @@ def jobs(admin: psycopg.Connection[Any], schema: str) -> dict[int, tuple[str, st
     return {r[0]: (r[1], r[2], r[3]) for r in admin.execute(q).fetchall()}
 
 
-@pytest.mark.connections(24)
+@pytest.mark.connections(30)
 def test_rolling_deploy_loses_nothing(
     dsn: str,
     schema: str,

@@ -30,7 +30,7 @@ def registered(queue: Queue) -> set[str]:
         return {str(name) for (name,) in c.execute(q).fetchall()}
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_jobs_run_in_n_processes_and_a_signal_stops_them_all(
     queue: Queue,
     workers: Callable[..., subprocess.Popen[str]],  # noqa: F811

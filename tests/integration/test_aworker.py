@@ -264,7 +264,7 @@ def test_graceful_stop_releases_prefetched_jobs_no_handler_started(queue: Queue)
     assert_released_unstarted(queue, ids, started[0])
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_two_async_workers_run_each_job_exactly_once(
     queue: Queue, admin: psycopg.Connection[Any]
 ) -> None:

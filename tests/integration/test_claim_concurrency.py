@@ -38,7 +38,7 @@ def claim_until_empty(dsn: str, schema: str, name: str) -> list[int]:
             got.extend(j.id for j in jobs)
 
 
-@pytest.mark.connections(24)
+@pytest.mark.connections(30)
 def test_16_threads_claim_20000_jobs_exactly_once(queue: Queue) -> None:
     queue.enqueue_many([{"invoice": n} for n in range(JOBS)], queue="emails")
     claimed: list[int] = []

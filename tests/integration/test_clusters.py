@@ -198,7 +198,7 @@ def test_a_workflow_cannot_span_clusters(dsn: str, dsn2: str, schema: str) -> No
         app.close()
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_each_job_runs_once_on_each_cluster_with_two_workers(
     dsn: str, dsn2: str, schema: str
 ) -> None:

@@ -349,7 +349,7 @@ def test_a_delayed_parent_moved_by_upkeep_still_releases(
     assert _state(admin, schema, child) == ("pending", 0)
 
 
-@pytest.mark.connections(24)
+@pytest.mark.connections(30)
 def test_concurrent_workers_run_diamonds_each_step_once(
     queue: Queue, admin: psycopg.Connection[Any], schema: str
 ) -> None:

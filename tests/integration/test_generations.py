@@ -269,7 +269,7 @@ def test_under_a_held_xmin_truncation_takes_the_garbage(
 
 @pytest.mark.usefixtures("rotate_often")
 @pytest.mark.parametrize("shape", ["steady", "bursts"])
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_nothing_lost_or_doubled_while_upkeep_rotates_moves_and_truncates(
     queue: Queue,
     admin: psycopg.Connection[Any],

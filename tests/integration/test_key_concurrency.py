@@ -48,7 +48,7 @@ def _blocked_by(admin: psycopg.Connection[Any], pid: int) -> bool:
     return row is not None and int(row[0]) > 0
 
 
-@pytest.mark.connections(30)
+@pytest.mark.connections(36)
 def test_limit_holds_across_concurrent_workers(queue: Queue) -> None:
     """Limit 1 over 24 keys, three Workers of 6 handlers each: no key ever runs two of
     its jobs at once (from the handlers' own start/end times), and every job runs once."""

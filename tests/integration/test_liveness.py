@@ -159,7 +159,7 @@ def held_mark(admin: psycopg.Connection[Any], schema: str, name: str) -> int | N
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_a_worker_whose_connections_are_all_reset_marks_again_at_once(
     queue: Queue, admin: Any, dsn: str, kind: str
 ) -> None:

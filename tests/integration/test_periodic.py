@@ -57,7 +57,7 @@ def test_a_round_enqueues_due_ticks_once(queue: Queue, admin: Any) -> None:
     ]
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_racing_schedulers_enqueue_each_tick_exactly_once(
     dsn: str, queue: Queue, admin: Any
 ) -> None:
@@ -170,7 +170,7 @@ def test_prune_keeps_the_latest_tick_so_catch_up_still_works(queue: Queue, admin
     assert len(jobs(admin, queue.schema)) == 4
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_worker_runs_the_scheduler_and_its_jobs(queue: Queue, admin: Any) -> None:
     """Two workers with the same schedule, the database's clock: each tick once, and
     the jobs are handled."""

@@ -246,7 +246,7 @@ def test_a_handler_children_cannot_import_is_refused(queue: Queue) -> None:
         app.worker(pool="process")
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_a_chain_runs_in_children_each_step_given_its_parents_result(queue: Queue) -> None:
     """A canvas step under the process pool reads its parent's result in the child (a
     connection of the child's own): the chain's value passes from step to step."""

@@ -366,7 +366,7 @@ def test_worker_role_runs_every_consumer_operation(
     }
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_worker_runs_end_to_end_as_the_worker_role(
     wq: Queue, pq: Queue, queue: Queue, admin: psycopg.Connection[Any], roles: Roles
 ) -> None:

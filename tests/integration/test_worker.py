@@ -159,7 +159,7 @@ def test_async_handler_is_cancelled_at_timeout(queue: Queue) -> None:
     fast.close()
 
 
-@pytest.mark.connections(20)
+@pytest.mark.connections(24)
 def test_heartbeat_keeps_a_slow_job_from_the_sweeper(queue: Queue) -> None:
     """Lease 1 s, job 3 s, another worker sweeping every 0.1 s: never taken away."""
     runs: list[str] = []

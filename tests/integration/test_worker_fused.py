@@ -133,7 +133,7 @@ def _writers(admin: psycopg.Connection[Any], schema: str) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.connections(30)
+@pytest.mark.connections(36)
 def test_concurrent_fused_workers_run_and_complete_each_job_once(
     kind: str, queue: Queue, admin: psycopg.Connection[Any], writes: Writes
 ) -> None:
