@@ -7,8 +7,9 @@ test, ran the shared server out of slots: ``FATAL: sorry, too many clients alrea
 failed whichever test asked next (CI, December 2026).  So a test takes its share from
 a ledger that every test process on the machine reads, before it starts, and waits
 while the server cannot spare it; the shares held at once never pass the server's
-``max_connections`` less RESERVE.  Waiters go in turn, so a wide test is not starved
-by narrow ones.
+``max_connections`` less RESERVE.  A narrow test that fits may go before a wide one
+that waits, but not once that one has waited PATIENCE seconds: the wide test is not
+starved, and the other processes are not idled each time a wide test comes up.
 
 A test's share is DEFAULT, or ``n`` when marked ``@pytest.mark.connections(n)``; the
 chaos, slow, bench and Patroni tests take the whole server (they run alone by design).
@@ -40,7 +41,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 DEFAULT = 20
-RESERVE = 8
+RESERVE = 5  # for the server's other clients (psql, a dashboard)
+PATIENCE = 2.0
 WHOLE = ("chaos", "slow", "bench", "patroni")
 WAIT = 240.0  # seconds a test waits for its share before it fails (pytest's timeout: 300)
 
@@ -48,12 +50,13 @@ WAIT = 240.0  # seconds a test waits for its share before it fails (pytest's tim
 class Ledger:
     """The shares held on one server, in a JSON file under a file lock.
 
-    ``{"held": {pid: n}, "waiting": [pid, ...]}``: one entry per test process (a process
-    runs one test at a time); entries of processes that are gone are dropped, so a
-    test process killed mid-test frees its share.
+    ``{"held": {pid: n}, "waiting": {pid: since}}``, waiters in the order they came: one
+    entry per test process (a process runs one test at a time); entries of processes
+    that are gone are dropped, so a test process killed mid-test frees its share.
     """
 
-    def __init__(self, dsn: str, limit: int | None = None) -> None:
+    def __init__(self, dsn: str, limit: int | None = None, patience: float = PATIENCE) -> None:
+        self.patience = patience
         params = conninfo_to_dict(dsn)
         where = f"{params.get('host', '')}:{params.get('port', '5432')}"
         digest = hashlib.sha256(where.encode()).hexdigest()[:16]
@@ -69,7 +72,7 @@ class Ledger:
             except (FileNotFoundError, ValueError):
                 state = {}
             held = {p: n for p, n in state.get("held", {}).items() if _alive(int(p))}
-            waiting = [p for p in state.get("waiting", []) if _alive(int(p))]
+            waiting = {p: t for p, t in state.get("waiting", {}).items() if _alive(int(p))}
             state = {"held": held, "waiting": waiting}
             yield state
             tmp = self.path.with_suffix(f".{os.getpid()}")
@@ -77,20 +80,21 @@ class Ledger:
             tmp.replace(self.path)
 
     def take(self, share: int, wait: float = WAIT) -> None:
-        """Wait until ``share`` connections are free and this process is next in turn."""
+        """Wait until ``share`` connections are free and it is this process's turn."""
         share = min(share, self.limit)
         me = str(os.getpid())
         deadline = time.monotonic() + wait
         while True:
             with self._open() as state:
                 state["held"].pop(me, None)
-                if me not in state["waiting"]:
-                    state["waiting"].append(me)
-                used = sum(state["held"].values())
-                taken = state["waiting"][0] == me and used + share <= self.limit
+                waiting = state["waiting"]
+                waiting.setdefault(me, time.time())
+                first, since = next(iter(waiting.items()))
+                turn = first == me or time.time() - since < self.patience
+                taken = turn and sum(state["held"].values()) + share <= self.limit
                 late = not taken and time.monotonic() > deadline
                 if taken or late:
-                    state["waiting"].remove(me)
+                    del waiting[me]
                 if taken:
                     state["held"][me] = share
                 holders = dict(state["held"])

@@ -28,17 +28,17 @@ def where() -> Iterator[str]:
         path.unlink(missing_ok=True)
 
 
-def _hold(dsn: str, limit: int, share: int, taken: Event, release: Event) -> None:
-    ledger = Ledger(dsn, limit=limit)
+def _hold(dsn: str, limit: int, share: int, taken: Event, release: Event, patience: float) -> None:
+    ledger = Ledger(dsn, limit=limit, patience=patience)
     ledger.take(share, wait=20)
     taken.set()
     release.wait(20)
     ledger.give_back()
 
 
-def _start(dsn: str, limit: int, share: int) -> tuple[Event, Event, object]:
+def _start(dsn: str, limit: int, share: int, patience: float = 0.0) -> tuple[Event, Event, object]:
     taken, release = FORK.Event(), FORK.Event()
-    proc = FORK.Process(target=_hold, args=(dsn, limit, share, taken, release))
+    proc = FORK.Process(target=_hold, args=(dsn, limit, share, taken, release, patience))
     proc.start()
     return taken, release, proc
 
@@ -61,6 +61,29 @@ def test_a_share_waits_until_the_server_can_spare_it_and_waiters_go_in_turn(
     for release in (mid_release, small_release):
         release.set()
     for proc in (wide, mid, small):
+        proc.join(10)  # type: ignore[attr-defined]
+
+
+def test_a_narrow_share_goes_first_only_while_the_wide_one_has_waited_briefly(
+    where: str,
+) -> None:
+    wide_taken, wide_release, wide = _start(where, 20, 15)
+    assert wide_taken.wait(10)
+    mid_taken, mid_release, mid = _start(where, 20, 10, patience=1.0)
+    # 2 fits beside 15 and goes before the waiting 10 ...
+    small_taken, small_release, small = _start(where, 20, 2, patience=1.0)
+    assert small_taken.wait(10) and not mid_taken.is_set()
+    small_release.set()
+    time.sleep(1.5)
+    # ... but once 10 has waited its patience, 2 waits behind it.
+    late_taken, late_release, late = _start(where, 20, 2, patience=1.0)
+    time.sleep(0.5)
+    assert not late_taken.is_set() and not mid_taken.is_set()
+    wide_release.set()
+    assert mid_taken.wait(10) and late_taken.wait(10)
+    for release in (mid_release, late_release):
+        release.set()
+    for proc in (wide, mid, small, late):
         proc.join(10)  # type: ignore[attr-defined]
 
 
