@@ -44,19 +44,20 @@ from psycopg import sql
 
 from ._base import backoff, unavailable
 from ._cursor import ClaimCursor
-from ._errors import ConfigError, SkiplockError
+from ._errors import SkiplockError
 from ._handlers import VANISHED, Handler, HandlerPool, Outcome, RunTime, run_handler
 from ._health import DEFAULT_HOST, DEFAULT_STALL
 from ._job import Attempt, Job
 from ._lane import Lane
 from ._ops import FenceResult
 from ._periodic import Periodic, PeriodicScheduler
-from ._procpool import ProcessPool, check_picklable
+from ._procpool import ProcessPool
 from ._queue import Queue
 from ._sql import channel_name
 from ._wclaims import Chain
 from ._wcore import Trouble, WorkerStats, default_worker_name, one_line
 from ._workerbase import WorkerBase
+from ._wpool import WorkerPool
 
 __all__ = ["Worker", "WorkerStats", "default_worker_name"]
 
@@ -80,7 +81,7 @@ class _Chain(Chain):
         self.lock = threading.Lock()
 
 
-class Worker(WorkerBase):
+class Worker(WorkerBase, WorkerPool):
     """Runs handlers for jobs of one or more queues.
 
     Parameters
@@ -257,12 +258,9 @@ class Worker(WorkerBase):
             health_host=health_host,
             health_stall=health_stall,
         )
-        self.pool = pool
-        self._soft_timeout = soft_timeout
-        self._task_soft_timeouts = dict(task_soft_timeouts or {})
-        self._max_tasks_per_child = max_tasks_per_child
-        self._max_memory_per_child = max_memory_per_child
-        self._check_pool_options()
+        self._init_pool(
+            pool, soft_timeout, task_soft_timeouts, max_tasks_per_child, max_memory_per_child
+        )
         # By default the prefetch adapts (adaptive_prefetch); a number fixes it.
         self._fixed_prefetch = None if prefetch is None else max(0, prefetch)
         self._chains = [
@@ -299,36 +297,6 @@ class Worker(WorkerBase):
         self._writers: list[threading.Thread] = []
         self._threads: list[threading.Thread] = []
         self._running = False
-
-    def _check_pool_options(self) -> None:
-        if self.pool not in ("thread", "process"):
-            raise ConfigError(f"pool must be 'thread' or 'process', not {self.pool!r}")
-        limits = {
-            "soft_timeout": self._soft_timeout,
-            "max_tasks_per_child": self._max_tasks_per_child,
-            "max_memory_per_child": self._max_memory_per_child,
-        }
-        for what, value in limits.items():
-            if value is None:
-                continue
-            if self.pool != "process":
-                # A thread can be neither interrupted at a soft limit nor retired.
-                raise ConfigError(f"{what} needs pool='process'")
-            if not value > 0:
-                raise ConfigError(f"{what} must be positive, not {value!r}")
-        soft = [("the worker", self._soft_timeout, self.job_timeout)] + [
-            (f"task {name!r}", t, self._task_timeouts.get(name, self.job_timeout))
-            for name, t in self._task_soft_timeouts.items()
-        ]
-        for who, s, hard in soft:
-            if s is not None and not s > 0:
-                raise ConfigError(f"{who}: soft timeout must be positive, not {s!r}")
-            if s is not None and hard is not None and s >= hard:
-                raise ConfigError(
-                    f"{who}: soft timeout {s:g}s must be shorter than the timeout {hard:g}s"
-                )
-        if self.pool == "process":
-            check_picklable(self._handlers)  # ConfigError now, not in each child
 
     # -- run and stop ----------------------------------------------------------------------
 
@@ -419,29 +387,8 @@ class Worker(WorkerBase):
         return sum(lane.reconnects for lane in self._lanes)
 
     def _make_pool(self) -> HandlerPool | ProcessPool:
-        if self.pool == "thread":
-            return HandlerPool(
-                self.concurrency,
-                self._run_one,
-                self._handler_done,
-                self.timeout_for,
-                name=f"skiplock-{self.name}",
-            )
-        mib = self._max_memory_per_child
         try:
-            return ProcessPool(
-                self.concurrency,
-                self._handlers,
-                lambda job: self._emit("started", job),
-                self._handler_done,
-                self.timeout_for,
-                self.soft_timeout_for,
-                name=f"skiplock-{self.name}",
-                max_result_bytes=self._settings.max_result_bytes,
-                max_tasks=self._max_tasks_per_child,
-                max_memory=None if mib is None else int(mib * 2**20),
-                wake=self._wake.set,
-            )
+            return self._new_pool(self._run_one, self._handler_done, self._wake.set)
         except BaseException:
             for lane in self._lanes:
                 lane.close()
@@ -581,12 +528,6 @@ class Worker(WorkerBase):
             self._pool.submit(job)
 
     # -- handlers --------------------------------------------------------------------------
-
-    def soft_timeout_for(self, job: Job) -> float | None:
-        """Seconds after which the job's handler gets SoftTimeLimitExceeded (process pool)."""
-        if job.task is not None and job.task in self._task_soft_timeouts:
-            return self._task_soft_timeouts[job.task]
-        return self._soft_timeout
 
     def _run_one(self, job: Job) -> Outcome:
         self._emit("started", job)
