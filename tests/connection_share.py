@@ -68,11 +68,15 @@ class Ledger:
         with open(self.path.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                state: dict[str, Any] = json.loads(self.path.read_text())
+                state = json.loads(self.path.read_text())
             except (FileNotFoundError, ValueError):
                 state = {}
-            held = {p: n for p, n in state.get("held", {}).items() if _alive(int(p))}
-            waiting = {p: t for p, t in state.get("waiting", {}).items() if _alive(int(p))}
+            # A file of another shape (an older suite's, a torn write) counts as empty.
+            held, waiting = (
+                (state.get("held"), state.get("waiting")) if isinstance(state, dict) else ({}, {})
+            )
+            held = {p: n for p, n in _pairs(held) if _alive(int(p))}
+            waiting = {p: t for p, t in _pairs(waiting) if _alive(int(p))}
             state = {"held": held, "waiting": waiting}
             yield state
             tmp = self.path.with_suffix(f".{os.getpid()}")
@@ -110,6 +114,12 @@ class Ledger:
     def give_back(self) -> None:
         with self._open() as state:
             state["held"].pop(str(os.getpid()), None)
+
+
+def _pairs(entries: object) -> list[tuple[str, Any]]:
+    if not isinstance(entries, dict):
+        return []
+    return [(p, v) for p, v in entries.items() if p.isdigit() and isinstance(v, int | float)]
 
 
 def _alive(pid: int) -> bool:

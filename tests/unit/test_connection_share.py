@@ -108,3 +108,14 @@ def test_the_share_of_a_test_process_that_died_is_free_again(where: str) -> None
     proc.join(10)
     assert Ledger(where, limit=10).path.read_text().count(str(proc.pid)) == 1
     Ledger(where, limit=10).take(10, wait=5)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"held": {}, "waiting": [123]}', "[1, 2]", '{"held": {"x": "y"}}', "not json"],
+)
+def test_a_ledger_file_of_another_shape_counts_as_empty(where: str, text: str) -> None:
+    ledger = Ledger(where, limit=10)
+    ledger.path.write_text(text)
+    ledger.take(10, wait=1)
+    ledger.give_back()
