@@ -15,6 +15,7 @@ tests already run on both servers; they run once.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -177,6 +178,23 @@ def admin(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
         yield conn
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    waits = [
+        float(value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == "connection_wait"
+    ]
+    if waits:
+        slow = sum(1 for w in waits if w > 0.5)
+        terminalreporter.write_line(
+            f"connection shares: {len(waits)} tests took theirs, {slow} waited over 0.5 s, "
+            f"{sum(waits):.0f} s of waiting in all (tests/connection_share.py)"
+        )
+
+
 @pytest.fixture(scope="session")
 def connection_ledger(dsn: str) -> Ledger:
     return Ledger(dsn)
@@ -200,7 +218,10 @@ def connection_share(request: pytest.FixtureRequest) -> Iterator[None]:
         share = ledger.limit
     else:
         share = DEFAULT
+    asked = time.monotonic()
     ledger.take(share)
+    # What the ledger costs the suite: summed at the end of the run (below).
+    request.node.user_properties.append(("connection_wait", time.monotonic() - asked))
     try:
         with Count(dsn) as count:
             yield
