@@ -220,7 +220,7 @@ def connection_share(request: pytest.FixtureRequest) -> Iterator[None]:
         share = DEFAULT
     asked = time.monotonic()
     ledger.take(share)
-    # What the ledger costs the suite: summed at the end of the run (below).
+    # What the ledger costs the suite: pytest_terminal_summary sums these.
     request.node.user_properties.append(("connection_wait", time.monotonic() - asked))
     try:
         with Count(dsn) as count:
